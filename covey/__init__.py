@@ -1,0 +1,1 @@
+"""covey: federated learning for heterogeneous edge devices (command line and glue)."""

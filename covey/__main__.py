@@ -1,0 +1,5 @@
+import sys
+
+from covey.cli import main
+
+sys.exit(main())

@@ -1,0 +1,127 @@
+"""The ``covey`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from device.errors import CoveyError
+
+
+def _cmd_model_list(args: argparse.Namespace) -> int:
+    from models.zoo import ZOO
+
+    width = max(len(name) for name in ZOO)
+    print(f"{'name':<{width}}  {'parameters':>11}  description")
+    for name, arch in ZOO.items():
+        print(f"{name:<{width}}  {arch.n_params:>11,}  {arch.description}")
+    return 0
+
+
+def _cmd_model_build(args: argparse.Namespace) -> int:
+    from models.export import build
+    from models.zoo import ZOO, get_architecture
+
+    if args.all == bool(args.name):
+        raise CoveyError("give either a model NAME or --all (see `covey model list`)")
+    names = list(ZOO) if args.all else [args.name]
+    for name in names:
+        get_architecture(name)  # clear error before TensorFlow starts
+    for name in names:
+        model_path, manifest_path = build(name, Path(args.out), seed=args.seed)
+        print(f"built {model_path} and {manifest_path}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from device.data import read_dataset
+    from device.runtime import TFLiteModel
+
+    model = TFLiteModel(args.model, num_threads=args.threads)
+    data = read_dataset(args.data, user=args.user)
+    print(f"{model.manifest.model}: {len(data)} samples, backend {model.backend.name} {model.backend.version}")
+    result = model.train(
+        data.x, data.y, epochs=args.epochs, batch_size=args.batch, lr=args.lr, mu=args.mu, seed=args.seed
+    )
+    print(f"trained {result.n_steps} steps, mean loss {result.mean_loss:.4f}")
+    if args.test:
+        test = read_dataset(args.test, user=args.user)
+        ev = model.evaluate(test.x, test.y)
+        print(f"test accuracy {ev.accuracy:.2%} (loss {ev.loss:.4f}, {ev.n_samples} samples)")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from covey.demo import run_local_demo
+
+    return run_local_demo(
+        model_name=args.model, epochs=args.epochs, out_dir=Path(args.out), data_dir=args.data_dir
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="covey",
+        description="Federated learning for heterogeneous edge devices.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    model = sub.add_parser("model", help="build and list the model zoo")
+    model_sub = model.add_subparsers(dest="model_command", required=True, metavar="ACTION")
+    p = model_sub.add_parser("list", help="show the zoo with parameter counts")
+    p.set_defaults(func=_cmd_model_list)
+    p = model_sub.add_parser("build", help="export zoo models to .tflite + manifest (needs TensorFlow)")
+    p.add_argument("name", nargs="?", help="model name (see `covey model list`)")
+    p.add_argument("--all", action="store_true", help="build every zoo model")
+    p.add_argument("--out", default="build/zoo", help="output folder (default: build/zoo)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the initial weights")
+    p.set_defaults(func=_cmd_model_build)
+
+    p = sub.add_parser("train", help="train a .tflite model on local data (what a device does)")
+    p.add_argument("--model", required=True, help="a .tflite file with its .json manifest beside it")
+    p.add_argument("--data", required=True, help="LEAF .json file or folder, .npz or .csv")
+    p.add_argument("--user", help="LEAF user id when the file holds several")
+    p.add_argument("--test", help="test data in the same format")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--mu", type=float, default=0.0, help="FedProx proximal weight (0: plain SGD)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("demo", help="run covey's demo on the bundled FEMNIST sample")
+    p.add_argument("--model", default="mlp_femnist", help="zoo model (default: mlp_femnist)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--out", default="runs/demo", help="where the plot and metrics go")
+    p.add_argument("--data-dir", default=None, help="a LEAF FEMNIST folder with train/ and test/")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except CoveyError as exc:
+        print(f"covey: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyError as exc:  # unknown zoo name
+        print(f"covey: error: {exc.args[0]}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("covey: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

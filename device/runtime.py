@@ -1,0 +1,326 @@
+"""Run covey's ``.tflite`` models on a board: train, evaluate, read and write weights.
+
+The interpreter comes from the first of these that imports:
+
+1. ``ai_edge_litert`` (LiteRT, the maintained successor; wheels for CPython 3.10-3.14
+   on x86_64 and aarch64),
+2. ``tflite_runtime`` (last release 2.14, CPython <= 3.11, needs numpy < 2),
+3. ``tensorflow.lite`` where TensorFlow happens to be installed (a development
+   machine). It is imported by name only when the first two are missing, so a board
+   never needs TensorFlow.
+
+Every model is checked before it is loaded: its manifest must be valid and the
+file's sha256 must match. Every input is checked before anything changes: weight
+vectors must have the manifest's length and be finite, data must have the model's
+input shape and labels in ``[0, n_classes)``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.errors import DataError, ModelError, WeightsError
+from device.manifest import Manifest, load_manifest, manifest_path_for, read_verified_model
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("ai_edge_litert", "tflite_runtime", "tensorflow")
+
+
+@dataclass(frozen=True)
+class Backend:
+    """An importable interpreter implementation."""
+
+    name: str
+    interpreter_class: Any
+    version: str
+
+
+def _load_backend(name: str) -> Backend:
+    if name == "ai_edge_litert":
+        module = importlib.import_module("ai_edge_litert.interpreter")
+        root = importlib.import_module("ai_edge_litert")
+        return Backend(name, module.Interpreter, getattr(root, "__version__", "?"))
+    if name == "tflite_runtime":
+        module = importlib.import_module("tflite_runtime.interpreter")
+        root = importlib.import_module("tflite_runtime")
+        return Backend(name, module.Interpreter, getattr(root, "__version__", "?"))
+    if name == "tensorflow":
+        tf = importlib.import_module("tensorflow")
+        return Backend(name, tf.lite.Interpreter, tf.__version__)
+    raise ModelError(f"unknown interpreter backend {name!r}; choose one of {', '.join(BACKENDS)}")
+
+
+def find_backend(preferred: str | None = None) -> Backend:
+    """Return the first interpreter backend that imports.
+
+    ``preferred`` (or the ``COVEY_TFLITE_BACKEND`` environment variable) forces one.
+    """
+    preferred = preferred or os.environ.get("COVEY_TFLITE_BACKEND") or None
+    candidates = (preferred,) if preferred else BACKENDS
+    errors = []
+    for name in candidates:
+        try:
+            return _load_backend(name)
+        except ImportError as exc:
+            errors.append(f"{name}: {exc}")
+    raise ModelError(
+        "no TFLite interpreter is installed (" + "; ".join(errors) + "). "
+        "Install one: `pip install ai-edge-litert` (or tflite-runtime on Python <= 3.11)"
+    )
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What local training returns: new weights, samples seen per epoch, mean loss."""
+
+    weights: np.ndarray
+    n_samples: int
+    mean_loss: float
+    n_steps: int
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Loss and accuracy of the current weights on a data set."""
+
+    loss: float
+    accuracy: float
+    n_samples: int
+    n_correct: int
+
+
+class TFLiteModel:
+    """A covey ``.tflite`` model in an interpreter, with checked inputs.
+
+    Parameters
+    ----------
+    model_path:
+        The ``.tflite`` file. Its manifest is ``model_path.with_suffix('.json')``
+        unless ``manifest`` is given.
+    manifest:
+        An already validated manifest (e.g. received over the network).
+    num_threads:
+        Interpreter threads; default: all CPUs this process may use.
+    backend:
+        Force ``ai_edge_litert``, ``tflite_runtime`` or ``tensorflow``.
+    """
+
+    def __init__(
+        self,
+        model_path: Path | str,
+        manifest: Manifest | None = None,
+        *,
+        num_threads: int | None = None,
+        backend: str | None = None,
+    ) -> None:
+        model_path = Path(model_path)
+        self.manifest = manifest or load_manifest(manifest_path_for(model_path))
+        model_bytes = read_verified_model(model_path, self.manifest)
+        self.backend = find_backend(backend)
+        threads = num_threads or len(os.sched_getaffinity(0))
+        try:
+            self._interpreter = self.backend.interpreter_class(
+                model_content=model_bytes, num_threads=threads
+            )
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"{self.backend.name} cannot load {model_path}: {exc}") from None
+        available = set(self._interpreter.get_signature_list())
+        missing = [s for s in self.manifest.signatures if s not in available]
+        if missing:
+            raise ModelError(f"{model_path} lacks the signatures its manifest lists: {missing}")
+        self._runners: dict[str, Any] = {}
+        self.path = model_path
+        self.num_threads = threads
+        log.info(
+            "loaded %s (%d parameters) with %s %s, %d threads",
+            self.manifest.model, self.manifest.n_params, self.backend.name, self.backend.version, threads,
+        )
+
+    # -- signature plumbing ---------------------------------------------------------
+    def _runner(self, name: str) -> Callable[..., dict[str, np.ndarray]]:
+        if name not in self._runners:
+            if name not in self.manifest.signatures:
+                raise ModelError(f"model {self.manifest.model} has no {name!r} signature")
+            self._runners[name] = self._interpreter.get_signature_runner(name)
+        runner: Callable[..., dict[str, np.ndarray]] = self._runners[name]
+        return runner
+
+    @property
+    def n_params(self) -> int:
+        return self.manifest.n_params
+
+    # -- weights ----------------------------------------------------------------------
+    def get_weights(self) -> np.ndarray:
+        """All trainable tensors as one flat float32 vector (a copy)."""
+        return np.array(self._runner("get_weights")()["weights"], dtype=np.float32, copy=True)
+
+    def check_weights(self, weights: np.ndarray) -> np.ndarray:
+        """Validate a flat weight vector against the manifest; return it as float32."""
+        arr = np.asarray(weights)
+        if arr.ndim != 1 or arr.shape[0] != self.n_params:
+            raise WeightsError(
+                f"weight vector has shape {arr.shape}; model {self.manifest.model} needs "
+                f"({self.n_params},)"
+            )
+        if arr.dtype != np.float32:
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise WeightsError(f"weight vector has dtype {arr.dtype}; float32 expected")
+            arr = arr.astype(np.float32)
+        if not np.isfinite(arr).all():
+            bad = int(np.count_nonzero(~np.isfinite(arr)))
+            raise WeightsError(f"weight vector holds {bad} NaN or infinite values; refusing to load it")
+        return arr
+
+    def set_weights(self, weights: np.ndarray) -> None:
+        """Load a flat weight vector; nothing changes if it is refused."""
+        arr = self.check_weights(weights)
+        self._runner("set_weights")(weights=arr)
+
+    def weights_by_tensor(self, weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """Split a flat vector into named tensors (views) using the manifest layout."""
+        flat = self.get_weights() if weights is None else self.check_weights(weights)
+        return {
+            t.name: flat[t.offset : t.offset + t.size].reshape(t.shape) for t in self.manifest.tensors
+        }
+
+    # -- data checks ------------------------------------------------------------------
+    def check_data(self, x: np.ndarray, y: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Validate features (and labels) against the model; return float32/int32 arrays."""
+        x = np.asarray(x)
+        want = self.manifest.input_shape
+        if x.ndim == 2 and x.shape[1:] != want and x.shape[1] == int(np.prod(want)):
+            x = x.reshape((x.shape[0], *want))  # flat rows for an image model
+        if x.shape[1:] != want:
+            raise DataError(
+                f"data has samples of shape {x.shape[1:]}; model {self.manifest.model} takes {want}"
+            )
+        if x.shape[0] == 0:
+            raise DataError("data set is empty")
+        if not np.issubdtype(x.dtype, np.number):
+            raise DataError(f"features have dtype {x.dtype}; numbers expected")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if not np.isfinite(x).all():
+            raise DataError("features hold NaN or infinite values")
+        if y is None:
+            return x, None
+        y = np.asarray(y)
+        if y.shape != (x.shape[0],):
+            raise DataError(f"{x.shape[0]} samples but labels have shape {y.shape}")
+        if not np.issubdtype(y.dtype, np.integer):
+            if np.issubdtype(y.dtype, np.floating) and np.all(np.mod(y, 1) == 0):
+                y = y.astype(np.int64)
+            else:
+                raise DataError(f"labels have dtype {y.dtype}; integer class ids expected")
+        lo, hi = int(y.min()), int(y.max())
+        if lo < 0 or hi >= self.manifest.n_classes:
+            raise DataError(
+                f"labels range over [{lo}, {hi}] but model {self.manifest.model} has "
+                f"{self.manifest.n_classes} classes (0..{self.manifest.n_classes - 1})"
+            )
+        return x, np.ascontiguousarray(y, dtype=np.int32)
+
+    # -- training and evaluation -------------------------------------------------------
+    def _batches(self, n: int, batch_size: int, rng: np.random.Generator | None) -> Iterator[np.ndarray]:
+        order = rng.permutation(n) if rng is not None else np.arange(n)
+        for start in range(0, n, batch_size):
+            yield order[start : start + batch_size]
+
+    def train(
+        self,
+        x: np.ndarray,
+        y: np.ndarray,
+        *,
+        epochs: int = 1,
+        batch_size: int = 10,
+        lr: float = 0.01,
+        mu: float = 0.0,
+        max_steps: int | None = None,
+        seed: int | np.random.Generator | None = 0,
+        initial_weights: np.ndarray | None = None,
+    ) -> TrainResult:
+        """Run ``epochs`` epochs of mini-batch SGD and return the new weights.
+
+        Batches are drawn from a permutation made by a seeded generator; the last,
+        partial batch of each epoch is included. With ``mu > 0`` each step adds the
+        FedProx proximal term anchored at the weights training starts from.
+        ``max_steps`` stops early (cold-start pre-training uses a fixed step count).
+        """
+        if epochs < 1 or batch_size < 1 or not np.isfinite(lr) or lr <= 0 or mu < 0:
+            raise DataError(
+                f"invalid training settings epochs={epochs} batch_size={batch_size} lr={lr} mu={mu}"
+            )
+        x, y_checked = self.check_data(x, y)
+        assert y_checked is not None
+        if initial_weights is not None:
+            self.set_weights(initial_weights)
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        lr32 = np.float32(lr)
+        if mu > 0:
+            self._runner("set_anchor")()
+            prox = self._runner("train_prox")
+            mu32 = np.float32(mu)
+
+            def step(xb: np.ndarray, yb: np.ndarray) -> float:
+                return float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
+        else:
+            plain = self._runner("train")
+
+            def step(xb: np.ndarray, yb: np.ndarray) -> float:
+                return float(plain(x=xb, y=yb, lr=lr32)["loss"])
+
+        total_loss, total_seen, steps = 0.0, 0, 0
+        for _ in range(epochs):
+            for idx in self._batches(x.shape[0], batch_size, rng):
+                loss = step(x[idx], y_checked[idx])
+                total_loss += loss * len(idx)
+                total_seen += len(idx)
+                steps += 1
+                if max_steps is not None and steps >= max_steps:
+                    break
+            if max_steps is not None and steps >= max_steps:
+                break
+        weights = self.get_weights()
+        if not np.isfinite(weights).all():
+            raise WeightsError(
+                "training diverged: weights became NaN or infinite; lower the learning rate"
+            )
+        return TrainResult(weights, int(x.shape[0]), total_loss / max(total_seen, 1), steps)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256) -> EvalResult:
+        """Mean loss and accuracy of the current weights."""
+        x, y_checked = self.check_data(x, y)
+        assert y_checked is not None
+        runner = self._runner("evaluate")
+        total_loss, correct = 0.0, 0
+        for idx in self._batches(x.shape[0], batch_size, None):
+            out = runner(x=x[idx], y=y_checked[idx])
+            total_loss += float(out["loss"]) * len(idx)
+            correct += round(float(out["correct"]))
+        n = int(x.shape[0])
+        return EvalResult(total_loss / n, correct / n, n, correct)
+
+    def predict_logits(self, x: np.ndarray, *, batch_size: int = 256) -> np.ndarray:
+        x, _ = self.check_data(x)
+        runner = self._runner("infer")
+        return np.concatenate(
+            [runner(x=x[idx])["logits"] for idx in self._batches(x.shape[0], batch_size, None)]
+        )
+
+    def gradients(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256) -> np.ndarray:
+        """Flat gradient of the mean loss over ``(x, y)`` at the current weights."""
+        x, y_checked = self.check_data(x, y)
+        assert y_checked is not None
+        runner = self._runner("gradients")
+        total = np.zeros(self.n_params, np.float64)
+        for idx in self._batches(x.shape[0], batch_size, None):
+            total += runner(x=x[idx], y=y_checked[idx])["gradients"] * len(idx)
+        return (total / x.shape[0]).astype(np.float32)

@@ -1,0 +1,287 @@
+"""Layers with hand-written backward passes built from TFLite builtin ops only.
+
+Why this module exists
+----------------------
+A train step written with ``tf.GradientTape`` converts to TFLite ops that need the
+Flex (TF Select) delegate -- ``ReluGrad``, ``Conv2DBackpropFilter``,
+``SparseSoftmaxCrossEntropyWithLogits`` -- and no pip wheel for boards ships those
+kernels. Every layer here therefore computes its own gradients with ops that convert
+to TFLite *builtins*: ``FULLY_CONNECTED``, ``BATCH_MATMUL``, ``STRIDED_SLICE``,
+``CONCATENATION``, ``PAD``, ``RESHAPE``, ``SELECT_V2``, ``EQUAL``, ``GREATER``,
+``MAX_POOL_2D``, ``RESIZE_NEAREST_NEIGHBOR``, ``SUM``, ``SOFTMAX``, ``ONE_HOT``.
+
+Performance choices (measured in ``bench/train_throughput.py``, see docs/results.md)
+------------------------------------------------------------------------------------
+* Every shape that depends on the batch uses ``-1`` in a constant reshape, never
+  ``tf.shape(x)``: the interpreter then knows every intermediate shape at
+  ``allocate_tensors`` time and XNNPACK can take the ops; a value-dependent shape
+  would make tensors dynamic and push ops onto slow reference kernels.
+* A convolution is an explicit im2col (25 static strided slices and one
+  concatenation) followed by one matrix product. The patch matrix is computed once
+  in the forward pass and reused for the filter gradient, so the filter gradient
+  is a single matmul instead of a separate backprop-filter kernel.
+* Weights are read once per step (``Variable.read_value``) and written once
+  (``assign(w + delta)``): ``assign_sub`` would read the variable a second time,
+  a full copy of every tensor per step. The learning rate is folded into the small
+  output-gradient tensor before the weight-gradient product, so the large tensors
+  see one ``ADD`` and no ``MUL``.
+* Dense weights are stored ``[out, in]``, the native ``FULLY_CONNECTED`` layout,
+  so the forward pass needs no transpose.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+Tensor = Any  # tf.Tensor; tensorflow ships no usable static types
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One trainable tensor of a layer: its name, shape and initial scale."""
+
+    name: str
+    shape: tuple[int, ...]
+    init: str  # "glorot" or "zeros"
+    fan_in: int = 1
+    fan_out: int = 1
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def initial_value(self, rng: np.random.Generator) -> np.ndarray:
+        """Glorot-uniform for weights (Keras' default), zeros for biases."""
+        if self.init == "zeros":
+            return np.zeros(self.shape, np.float32)
+        limit = np.sqrt(6.0 / (self.fan_in + self.fan_out))
+        return rng.uniform(-limit, limit, self.shape).astype(np.float32)
+
+
+class Layer:
+    """A layer: parameters, a forward pass that keeps what the backward pass needs."""
+
+    def params(self, prefix: str) -> list[ParamSpec]:
+        return []
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def backward(
+        self,
+        grad_out: Tensor,
+        cache: dict[str, Tensor],
+        weights: list[Tensor],
+        scale: Tensor,
+        need_input_grad: bool,
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        """Return the input gradient and ``scale`` times each parameter gradient.
+
+        ``scale`` is folded into the smallest tensor of each product (``-lr`` in a
+        train step, ``1`` when gradients are wanted), see the module docstring.
+        """
+        raise NotImplementedError
+
+
+class Dense(Layer):
+    """Fully connected layer ``z = x @ W^T + b`` with ``W`` stored ``[out, in]``."""
+
+    def __init__(self, n_in: int, n_out: int, relu: bool) -> None:
+        self.n_in, self.n_out, self.relu = n_in, n_out, relu
+
+    def params(self, prefix: str) -> list[ParamSpec]:
+        return [
+            ParamSpec(f"{prefix}/kernel", (self.n_out, self.n_in), "glorot", self.n_in, self.n_out),
+            ParamSpec(f"{prefix}/bias", (self.n_out,), "zeros"),
+        ]
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.n_out,)
+
+    def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        kernel, bias = weights
+        z = tf.matmul(x, kernel, transpose_b=True) + bias
+        if self.relu:
+            active = z > 0.0
+            return tf.where(active, z, 0.0), {"x": x, "active": active}
+        return z, {"x": x}
+
+    def backward(
+        self,
+        grad_out: Tensor,
+        cache: dict[str, Tensor],
+        weights: list[Tensor],
+        scale: Tensor,
+        need_input_grad: bool,
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        kernel, _ = weights
+        dz = tf.where(cache["active"], grad_out, 0.0) if self.relu else grad_out
+        scaled = dz * scale
+        grad_kernel = tf.matmul(scaled, cache["x"], transpose_a=True)
+        grad_bias = tf.reduce_sum(scaled, axis=0)
+        grad_in = tf.matmul(dz, kernel) if need_input_grad else None
+        return grad_in, [grad_kernel, grad_bias]
+
+
+def _im2col(x_padded: Tensor, k: int, height: int, width: int) -> Tensor:
+    """Patches of a padded NHWC tensor: ``[N, H, W, k*k*C]``, tap-major.
+
+    The tap order (kh, kw, c) matches a ``[k, k, C, out]`` kernel reshaped to
+    ``[k*k*C, out]``.
+    """
+    taps = [x_padded[:, i : i + height, j : j + width, :] for i in range(k) for j in range(k)]
+    return tf.concat(taps, axis=-1)
+
+
+class Conv2D(Layer):
+    """Stride-1 'same' convolution with an odd square kernel, then optional ReLU.
+
+    The kernel is stored as ``[k*k*C_in, C_out]`` (the im2col matrix layout); the
+    manifest reports that shape. ``forward`` is ``im2col(pad(x)) @ K + b``.
+    """
+
+    def __init__(self, height: int, width: int, c_in: int, c_out: int, k: int, relu: bool) -> None:
+        if k % 2 != 1:
+            raise ValueError(f"Conv2D needs an odd kernel size, got {k}")
+        self.h, self.w, self.c_in, self.c_out, self.k, self.relu = height, width, c_in, c_out, k, relu
+
+    def params(self, prefix: str) -> list[ParamSpec]:
+        taps = self.k * self.k * self.c_in
+        return [
+            ParamSpec(f"{prefix}/kernel", (taps, self.c_out), "glorot", taps, self.k * self.k * self.c_out),
+            ParamSpec(f"{prefix}/bias", (self.c_out,), "zeros"),
+        ]
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.h, self.w, self.c_out)
+
+    def _pad(self, x: Tensor) -> Tensor:
+        p = self.k // 2
+        return tf.pad(x, [[0, 0], [p, p], [p, p], [0, 0]])
+
+    def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        kernel, bias = weights
+        taps = self.k * self.k * self.c_in
+        cols = tf.reshape(_im2col(self._pad(x), self.k, self.h, self.w), [-1, taps])
+        z = tf.matmul(cols, kernel) + bias
+        z = tf.reshape(z, [-1, self.h, self.w, self.c_out])
+        cache: dict[str, Tensor] = {"cols": cols}
+        if self.relu:
+            active = z > 0.0
+            cache["active"] = active
+            z = tf.where(active, z, 0.0)
+        return z, cache
+
+    def backward(
+        self,
+        grad_out: Tensor,
+        cache: dict[str, Tensor],
+        weights: list[Tensor],
+        scale: Tensor,
+        need_input_grad: bool,
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        kernel, _ = weights
+        dz = tf.where(cache["active"], grad_out, 0.0) if self.relu else grad_out
+        dz_flat = tf.reshape(dz, [-1, self.c_out])
+        scaled = dz_flat * scale
+        grad_kernel = tf.matmul(cache["cols"], scaled, transpose_a=True)
+        grad_bias = tf.reduce_sum(scaled, axis=0)
+        grad_in = None
+        if need_input_grad:
+            # The input gradient of a stride-1 'same' convolution is the
+            # convolution of the output gradient with the spatially flipped,
+            # in/out-transposed kernel: im2col(pad(dz)) @ flip(K)^T.
+            k4 = tf.reshape(kernel, [self.k, self.k, self.c_in, self.c_out])
+            flipped = tf.reshape(
+                tf.transpose(tf.reverse(k4, [0, 1]), [0, 1, 3, 2]),
+                [self.k * self.k * self.c_out, self.c_in],
+            )
+            dcols = tf.reshape(
+                _im2col(self._pad(dz), self.k, self.h, self.w), [-1, self.k * self.k * self.c_out]
+            )
+            grad_in = tf.reshape(tf.matmul(dcols, flipped), [-1, self.h, self.w, self.c_in])
+        return grad_in, [grad_kernel, grad_bias]
+
+
+class MaxPool2(Layer):
+    """2×2 max pooling with stride 2 on NHWC input of even height and width.
+
+    Backward: the pooled output upsampled by nearest neighbour is compared with
+    the input; the gradient flows to every position equal to its window's max.
+    Ties inside a window are only possible at exactly equal values; after a ReLU
+    the common tie is 0, whose gradient the ReLU mask zeroes anyway.
+    """
+
+    def __init__(self, height: int, width: int, channels: int) -> None:
+        if height % 2 or width % 2:
+            raise ValueError(f"MaxPool2 needs even height and width, got {height}x{width}")
+        self.h, self.w, self.c = height, width, channels
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return (self.h // 2, self.w // 2, self.c)
+
+    def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        y = tf.nn.max_pool2d(x, 2, 2, "VALID")
+        return y, {"x": x, "y": y}
+
+    def backward(
+        self,
+        grad_out: Tensor,
+        cache: dict[str, Tensor],
+        weights: list[Tensor],
+        scale: Tensor,
+        need_input_grad: bool,
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        size = [self.h, self.w]
+        winners = tf.equal(cache["x"], tf.image.resize(cache["y"], size, method="nearest"))
+        grad_in = tf.where(winners, tf.image.resize(grad_out, size, method="nearest"), 0.0)
+        return grad_in, []
+
+
+class Reshape(Layer):
+    """Reshape the per-sample shape (the batch dimension stays ``-1``)."""
+
+    def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...]) -> None:
+        if int(np.prod(in_shape)) != int(np.prod(out_shape)):
+            raise ValueError(f"cannot reshape {in_shape} to {out_shape}")
+        self.in_shape, self.out_shape = in_shape, out_shape
+
+    def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return self.out_shape
+
+    def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        return tf.reshape(x, [-1, *self.out_shape]), {}
+
+    def backward(
+        self,
+        grad_out: Tensor,
+        cache: dict[str, Tensor],
+        weights: list[Tensor],
+        scale: Tensor,
+        need_input_grad: bool,
+    ) -> tuple[Tensor | None, list[Tensor]]:
+        return tf.reshape(grad_out, [-1, *self.in_shape]), []
+
+
+def softmax_cross_entropy(
+    logits: Tensor, labels: Tensor, n_classes: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Mean softmax cross-entropy, its gradient w.r.t. the logits, and the correct count.
+
+    ``loss = mean_i(logsumexp(z_i) - z_i[y_i])``; ``dloss/dz = (softmax(z) - onehot(y)) / n``.
+    """
+    one_hot = tf.one_hot(labels, n_classes, dtype=tf.float32)
+    n = tf.cast(tf.shape(labels)[0], tf.float32)
+    loss = -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot) / n
+    grad = (tf.nn.softmax(logits) - one_hot) / n
+    correct = tf.reduce_sum(
+        tf.cast(tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), labels), tf.float32)
+    )
+    return loss, grad, correct

@@ -1,0 +1,102 @@
+"""The covey model zoo: the architectures the five papers train, by stable name.
+
+Parameter counts match ``shared/notes/reference-implementations.md`` ("Models used in
+the papers"). One deliberate difference: the FlexCFL MNIST CNN has a dropout layer
+that the public code never activates (its Keras model is trained without
+``training=True``); covey's CNN omits it, so the trained function is the same.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.layers import Conv2D, Dense, Layer, MaxPool2, ParamSpec, Reshape
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A sequential architecture: name, input shape, classes, layers."""
+
+    name: str
+    description: str
+    input_shape: tuple[int, ...]
+    n_classes: int
+    layers: tuple[Layer, ...] = field(repr=False)
+
+    def param_specs(self) -> list[ParamSpec]:
+        specs: list[ParamSpec] = []
+        for i, layer in enumerate(self.layers):
+            specs.extend(layer.params(f"layer{i}_{type(layer).__name__.lower()}"))
+        return specs
+
+    @property
+    def n_params(self) -> int:
+        return sum(spec.size for spec in self.param_specs())
+
+    def initial_weights(self, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        return [spec.initial_value(rng) for spec in self.param_specs()]
+
+
+def _mclr(name: str, n_in: int, n_classes: int, what: str) -> Architecture:
+    return Architecture(
+        name, f"multinomial logistic regression {n_in}->{n_classes} ({what})", (n_in,), n_classes,
+        (Dense(n_in, n_classes, relu=False),),
+    )
+
+
+def _mlp(name: str, hidden: int, n_classes: int, what: str) -> Architecture:
+    return Architecture(
+        name, f"MLP 784-{hidden}-{n_classes} ({what})", (784,), n_classes,
+        (Dense(784, hidden, relu=True), Dense(hidden, n_classes, relu=False)),
+    )
+
+
+def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str) -> Architecture:
+    head: tuple[Layer, ...]
+    if dense is None:
+        head = (Reshape((7, 7, 64), (3136,)), Dense(3136, n_classes, relu=False))
+        shape = f"conv{k}x{k}·32 → pool → conv{k}x{k}·64 → pool → dense {n_classes}"
+    else:
+        head = (
+            Reshape((7, 7, 64), (3136,)),
+            Dense(3136, dense, relu=True),
+            Dense(dense, n_classes, relu=False),
+        )
+        shape = f"conv{k}x{k}·32 → pool → conv{k}x{k}·64 → pool → dense {dense} → dense {n_classes}"
+    return Architecture(
+        name, f"CNN {shape} ({what})", (784,), n_classes,
+        (
+            Reshape((784,), (28, 28, 1)),
+            Conv2D(28, 28, 1, 32, k, relu=True),
+            MaxPool2(28, 28, 32),
+            Conv2D(14, 14, 32, 64, k, relu=True),
+            MaxPool2(14, 14, 64),
+            *head,
+        ),
+    )
+
+
+ZOO: dict[str, Architecture] = {
+    a.name: a
+    for a in (
+        _mclr("mclr_synthetic", 60, 10, "Synthetic(α, β)"),
+        _mclr("mclr_mnist", 784, 10, "MNIST"),
+        _mclr("mclr_femnist", 784, 62, "FEMNIST"),
+        _mlp("mlp_mnist", 128, 10, "MNIST"),
+        _mlp("mlp_femnist", 512, 62, "FEMNIST"),
+        _cnn("cnn_femnist", 5, 2048, 62, "LEAF / FedGSP FEMNIST"),
+        _cnn("cnn_mnist", 3, None, 10, "FlexCFL MNIST"),
+    )
+}
+
+
+def get_architecture(name: str) -> Architecture:
+    """Look up a zoo model by name, with a clear error listing the known names."""
+    try:
+        return ZOO[name]
+    except KeyError:
+        known = ", ".join(sorted(ZOO))
+        raise KeyError(f"unknown model {name!r}; the zoo has: {known}") from None

@@ -1,0 +1,41 @@
+"""Shared fixtures: built zoo models (cached per source hash) and FEMNIST data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+os.environ.setdefault("COVEY_CACHE_DIR", str(REPO / ".cache"))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+@pytest.fixture(scope="session")
+def zoo_model():
+    """``zoo_model(name) -> Path`` of the built .tflite (built once, then cached)."""
+    from covey.paths import ensure_model
+
+    return ensure_model
+
+
+@pytest.fixture(scope="session")
+def femnist():
+    """``(train, test)`` dicts of writer -> Dataset from the shared LEAF sample."""
+    from covey.paths import femnist_dir
+    from device.data import read_leaf
+
+    root = femnist_dir()
+    return read_leaf(root / "train"), read_leaf(root / "test")
+
+
+@pytest.fixture(scope="session")
+def femnist_pooled(femnist):
+    train, test = femnist
+    cat = np.concatenate
+    return (
+        cat([d.x for d in train.values()]), cat([d.y for d in train.values()]),
+        cat([d.x for d in test.values()]), cat([d.y for d in test.values()]),
+    )

@@ -1,0 +1,199 @@
+"""LiteRT runtime: learning, exact weight round-trips, refusal of bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.errors import DataError, ModelError, WeightsError
+from device.runtime import TFLiteModel
+
+DIGITS = 10
+
+
+def _subset(x: np.ndarray, y: np.ndarray, n_classes: int) -> tuple[np.ndarray, np.ndarray]:
+    keep = y < n_classes
+    return x[keep], y[keep]
+
+
+@pytest.mark.parametrize(
+    ("name", "lr", "steps", "min_accuracy"),
+    [
+        ("mclr_femnist", 0.005, 500, 0.15),
+        ("mlp_femnist", 0.01, 500, 0.15),
+        ("cnn_femnist", 0.02, 500, 0.12),
+        ("mclr_mnist", 0.01, 400, 0.40),
+        ("mlp_mnist", 0.005, 400, 0.40),
+        ("cnn_mnist", 0.05, 400, 0.40),
+    ],
+)
+def test_a_few_hundred_steps_learn_femnist(zoo_model, femnist_pooled, name, lr, steps, min_accuracy) -> None:
+    # Prepare: FEMNIST (62 classes) or its digits (10 classes)
+    model = TFLiteModel(zoo_model(name))
+    x_tr, y_tr, x_te, y_te = femnist_pooled
+    if model.manifest.n_classes == DIGITS:
+        x_tr, y_tr = _subset(x_tr, y_tr, DIGITS)
+        x_te, y_te = _subset(x_te, y_te, DIGITS)
+    before = model.evaluate(x_te, y_te)
+
+    # Execute
+    result = model.train(x_tr, y_tr, epochs=50, batch_size=10, lr=lr, max_steps=steps, seed=3)
+    after = model.evaluate(x_te, y_te)
+
+    # Assert: loss falls, accuracy far above chance (1/62 or 1/10)
+    assert result.n_steps == steps
+    assert after.loss < before.loss - 0.2
+    assert after.accuracy >= min_accuracy
+    assert after.accuracy >= 4 / model.manifest.n_classes
+
+
+def test_mclr_synthetic_learns_a_planted_linear_rule(zoo_model) -> None:
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(60, 10))
+    x = rng.normal(size=(3000, 60)).astype(np.float32)
+    y = (x @ w).argmax(1)
+    model = TFLiteModel(zoo_model("mclr_synthetic"))
+
+    model.train(x[:2500], y[:2500], epochs=5, batch_size=10, lr=0.05, seed=0)
+
+    assert model.evaluate(x[2500:], y[2500:]).accuracy > 0.8
+
+
+def test_epochs_visit_every_sample_including_the_last_partial_batch(zoo_model) -> None:
+    model = TFLiteModel(zoo_model("mclr_synthetic"))
+    x = np.random.default_rng(1).normal(size=(23, 60)).astype(np.float32)
+    y = np.arange(23) % 10
+
+    result = model.train(x, y, epochs=2, batch_size=10, lr=0.01, seed=0)
+
+    assert result.n_steps == 6  # 10 + 10 + 3, twice
+    assert result.n_samples == 23
+
+
+def test_training_is_deterministic_for_a_seed(zoo_model) -> None:
+    x = np.random.default_rng(2).normal(size=(50, 60)).astype(np.float32)
+    y = np.arange(50) % 10
+    a = TFLiteModel(zoo_model("mclr_synthetic"))
+    b = TFLiteModel(zoo_model("mclr_synthetic"))
+
+    wa = a.train(x, y, epochs=2, batch_size=7, lr=0.05, seed=11).weights
+    wb = b.train(x, y, epochs=2, batch_size=7, lr=0.05, seed=11).weights
+    wc = b.train(x, y, epochs=2, batch_size=7, lr=0.05, seed=12, initial_weights=a.get_weights()).weights
+
+    np.testing.assert_array_equal(wa, wb)
+    assert not np.array_equal(wa, wc)
+
+
+@pytest.mark.parametrize("name", ["mclr_synthetic", "mlp_femnist", "cnn_femnist"])
+def test_set_weights_of_get_weights_is_exact(zoo_model, name: str) -> None:
+    model = TFLiteModel(zoo_model(name))
+    w = np.random.default_rng(4).normal(size=model.n_params).astype(np.float32)
+
+    model.set_weights(w)
+    first = model.get_weights()
+    model.set_weights(first)
+
+    np.testing.assert_array_equal(first, w)
+    np.testing.assert_array_equal(model.get_weights(), w)
+
+
+def test_weights_survive_a_batch_size_change(zoo_model) -> None:
+    """Resizing inputs (last partial batch) must not reset the variables."""
+    model = TFLiteModel(zoo_model("mlp_mnist"))
+    x = np.random.default_rng(0).random((13, 784), dtype=np.float32)
+    y = np.arange(13) % 10
+    model.train(x, y, epochs=1, batch_size=10, lr=0.1, seed=0)
+    w = model.get_weights()
+
+    model.evaluate(x[:3], y[:3])
+    model.evaluate(x, y, batch_size=7)
+
+    np.testing.assert_array_equal(model.get_weights(), w)
+
+
+# -- bad input ------------------------------------------------------------------------------
+@pytest.fixture
+def model_copy(zoo_model, tmp_path: Path) -> Path:
+    src = zoo_model("mclr_mnist")
+    dst = tmp_path / "m.tflite"
+    shutil.copy(src, dst)
+    shutil.copy(src.with_suffix(".json"), dst.with_suffix(".json"))
+    return dst
+
+
+def test_a_model_whose_sha256_does_not_match_is_refused(model_copy: Path) -> None:
+    data = bytearray(model_copy.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    model_copy.write_bytes(bytes(data))
+
+    with pytest.raises(ModelError, match="sha256"):
+        TFLiteModel(model_copy)
+
+
+def test_a_missing_manifest_is_refused(model_copy: Path) -> None:
+    model_copy.with_suffix(".json").unlink()
+
+    with pytest.raises(ModelError, match=r"manifest .* not found"):
+        TFLiteModel(model_copy)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: "{not json", "not valid JSON"),
+        (lambda m: json.dumps({**m, "n_params": m["n_params"] + 1}), "n_params"),
+        (lambda m: json.dumps({k: v for k, v in m.items() if k != "sha256"}), "sha256"),
+        (lambda m: json.dumps({**m, "input_shape": [0]}), "input_shape"),
+        (lambda m: json.dumps({**m, "format": 99}), "format"),
+        (lambda m: json.dumps([1, 2]), "JSON object"),
+    ],
+)
+def test_a_malformed_manifest_is_refused(model_copy: Path, edit, message: str) -> None:
+    path = model_copy.with_suffix(".json")
+    path.write_text(edit(json.loads(path.read_text())))
+
+    with pytest.raises(ModelError, match=message):
+        TFLiteModel(model_copy)
+
+
+def test_bad_weights_are_refused_and_change_nothing(zoo_model) -> None:
+    model = TFLiteModel(zoo_model("mclr_mnist"))
+    before = model.get_weights()
+    nan = before.copy()
+    nan[3] = np.nan
+
+    with pytest.raises(WeightsError, match="shape"):
+        model.set_weights(before[:-1])
+    with pytest.raises(WeightsError, match="NaN"):
+        model.set_weights(nan)
+    with pytest.raises(WeightsError, match="NaN"):
+        model.set_weights(np.full_like(before, np.inf))
+    with pytest.raises(WeightsError, match="dtype"):
+        model.set_weights(np.zeros(before.shape, np.int32))
+
+    np.testing.assert_array_equal(model.get_weights(), before)
+
+
+def test_data_that_does_not_fit_the_model_is_refused(zoo_model) -> None:
+    model = TFLiteModel(zoo_model("mclr_mnist"))
+    before = model.get_weights()
+    x = np.zeros((4, 784), np.float32)
+
+    with pytest.raises(DataError, match="shape"):
+        model.train(np.zeros((4, 60), np.float32), np.zeros(4, int))
+    with pytest.raises(DataError, match="10 classes"):
+        model.train(x, np.array([0, 1, 2, 10]))
+    with pytest.raises(DataError, match="10 classes"):
+        model.train(x, np.array([0, -1, 2, 3]))
+    with pytest.raises(DataError, match="labels have shape"):
+        model.train(x, np.zeros(3, int))
+    with pytest.raises(DataError, match="NaN"):
+        model.train(np.full((4, 784), np.nan, np.float32), np.zeros(4, int))
+    with pytest.raises(DataError, match="empty"):
+        model.evaluate(np.zeros((0, 784), np.float32), np.zeros(0, int))
+
+    np.testing.assert_array_equal(model.get_weights(), before)
