@@ -62,6 +62,15 @@ class ParamSpec:
         return rng.uniform(-limit, limit, self.shape).astype(np.float32)
 
 
+def positive_mask(x: Tensor) -> Tensor:
+    """1.0 where ``x > 0`` else 0.0, with ops XNNPACK runs (``ceil(min(relu(x), 1))``).
+
+    Exact: for ``x > 0`` the minimum lies in ``(0, 1]`` and rounds up to 1; for
+    ``x <= 0`` it is 0. ``tf.where``/``SELECT_V2`` would fall back to a reference kernel.
+    """
+    return tf.math.ceil(tf.minimum(tf.nn.relu(x), 1.0))
+
+
 class Layer:
     """A layer: parameters, a forward pass that keeps what the backward pass needs."""
 
@@ -107,10 +116,14 @@ class Dense(Layer):
 
     def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
-        z = tf.matmul(x, kernel, transpose_b=True) + bias
+        # z^T = W @ x^T as a rank-3 BATCH_MATMUL: XNNPACK streams W as the left
+        # operand without repacking it, on every thread. The obvious x @ W^T would
+        # convert to FULLY_CONNECTED, whose kernel for non-constant weights is a
+        # single-threaded Eigen path that repacks W each step (measured 2x slower).
+        z_t = tf.matmul(kernel, tf.reshape(x, [1, -1, self.n_in]), transpose_b=True)
+        z = tf.transpose(tf.reshape(z_t, [self.n_out, -1])) + bias
         if self.relu:
-            active = z > 0.0
-            return tf.where(active, z, 0.0), {"x": x, "active": active}
+            return tf.nn.relu(z), {"x": x, "active": positive_mask(z)}
         return z, {"x": x}
 
     def backward(
@@ -122,7 +135,7 @@ class Dense(Layer):
         need_input_grad: bool,
     ) -> tuple[Tensor | None, list[Tensor]]:
         kernel, _ = weights
-        dz = tf.where(cache["active"], grad_out, 0.0) if self.relu else grad_out
+        dz = grad_out * cache["active"] if self.relu else grad_out
         scaled = dz * scale
         grad_kernel = tf.matmul(scaled, cache["x"], transpose_a=True)
         grad_bias = tf.reduce_sum(scaled, axis=0)
@@ -168,15 +181,12 @@ class Conv2D(Layer):
 
     def forward(self, x: Tensor, weights: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
-        taps = self.k * self.k * self.c_in
-        cols = tf.reshape(_im2col(self._pad(x), self.k, self.h, self.w), [-1, taps])
-        z = tf.matmul(cols, kernel) + bias
-        z = tf.reshape(z, [-1, self.h, self.w, self.c_out])
+        cols = _im2col(self._pad(x), self.k, self.h, self.w)
+        z = tf.matmul(cols, kernel) + bias  # [N, H, W, taps] @ [taps, out]: no reshape copy
         cache: dict[str, Tensor] = {"cols": cols}
         if self.relu:
-            active = z > 0.0
-            cache["active"] = active
-            z = tf.where(active, z, 0.0)
+            cache["active"] = positive_mask(z)
+            z = tf.nn.relu(z)
         return z, cache
 
     def backward(
@@ -188,10 +198,11 @@ class Conv2D(Layer):
         need_input_grad: bool,
     ) -> tuple[Tensor | None, list[Tensor]]:
         kernel, _ = weights
-        dz = tf.where(cache["active"], grad_out, 0.0) if self.relu else grad_out
+        dz = grad_out * cache["active"] if self.relu else grad_out
         dz_flat = tf.reshape(dz, [-1, self.c_out])
         scaled = dz_flat * scale
-        grad_kernel = tf.matmul(cache["cols"], scaled, transpose_a=True)
+        cols = tf.reshape(cache["cols"], [-1, self.k * self.k * self.c_in])
+        grad_kernel = tf.matmul(cols, scaled, transpose_a=True)
         grad_bias = tf.reduce_sum(scaled, axis=0)
         grad_in = None
         if need_input_grad:
@@ -239,10 +250,18 @@ class MaxPool2(Layer):
         scale: Tensor,
         need_input_grad: bool,
     ) -> tuple[Tensor | None, list[Tensor]]:
-        size = [self.h, self.w]
-        winners = tf.equal(cache["x"], tf.image.resize(cache["y"], size, method="nearest"))
-        grad_in = tf.where(winners, tf.image.resize(grad_out, size, method="nearest"), 0.0)
+        # upsample(y) - x >= 0, and == 0 exactly at the window's maxima
+        gap = self._upsample(cache["y"]) - cache["x"]
+        winners = 1.0 - positive_mask(gap)
+        grad_in = self._upsample(grad_out) * winners
         return grad_in, []
+
+    def _upsample(self, t: Tensor) -> Tensor:
+        """Nearest-neighbour 2x upsampling by two 2-way concatenations and reshapes
+        (``RESIZE_NEAREST_NEIGHBOR`` has no XNNPACK kernel)."""
+        h, w, c = self.h // 2, self.w // 2, self.c
+        wide = tf.reshape(tf.concat([t, t], axis=-1), [-1, h, 2 * w, c])
+        return tf.reshape(tf.concat([wide, wide], axis=2), [-1, 2 * h, 2 * w, c])
 
 
 class Reshape(Layer):
