@@ -48,6 +48,7 @@ class Manifest:
     sha256: str
     covey_version: str
     description: str = ""
+    deferred_rank: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -63,6 +64,7 @@ class Manifest:
                 {"name": t.name, "shape": list(t.shape), "offset": t.offset} for t in self.tensors
             ],
             "signatures": list(self.signatures),
+            "deferred_rank": self.deferred_rank,
             "sha256": self.sha256,
             "covey_version": self.covey_version,
         }
@@ -119,6 +121,11 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
     missing = [s for s in REQUIRED_SIGNATURES if s not in signatures]
     if missing:
         raise ModelError(f"{where}: model lacks signatures {missing}")
+    deferred_rank = raw.get("deferred_rank", 0)
+    if not isinstance(deferred_rank, int) or isinstance(deferred_rank, bool) or deferred_rank < 0:
+        raise ModelError(f"{where}: deferred_rank must be a non-negative integer, got {deferred_rank!r}")
+    if deferred_rank and not {"train_deferred", "flush"} <= set(signatures):
+        raise ModelError(f"{where}: deferred_rank is set but train_deferred/flush signatures are missing")
     sha = _field(raw, "sha256", str, where)
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise ModelError(f"{where}: sha256 {sha!r} is not a hex digest")
@@ -133,6 +140,7 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
         sha256=sha,
         covey_version=_field(raw, "covey_version", str, where),
         description=raw.get("description", "") if isinstance(raw.get("description"), str) else "",
+        deferred_rank=deferred_rank,
     )
 
 

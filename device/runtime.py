@@ -138,6 +138,7 @@ class TFLiteModel:
         if missing:
             raise ModelError(f"{model_path} lacks the signatures its manifest lists: {missing}")
         self._runners: dict[str, Any] = {}
+        self._pending_rows = 0  # rows of deferred updates not yet folded in
         self.path = model_path
         self.num_threads = threads
         log.info(
@@ -183,7 +184,8 @@ class TFLiteModel:
     def set_weights(self, weights: np.ndarray) -> None:
         """Load a flat weight vector; nothing changes if it is refused."""
         arr = self.check_weights(weights)
-        self._runner("set_weights")(weights=arr)
+        self._runner("set_weights")(weights=arr)  # also clears pending deferred updates
+        self._pending_rows = 0
 
     def weights_by_tensor(self, weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Split a flat vector into named tensors (views) using the manifest layout."""
@@ -234,6 +236,33 @@ class TFLiteModel:
         for start in range(0, n, batch_size):
             yield order[start : start + batch_size]
 
+    def _flush(self) -> None:
+        self._runner("flush")()
+        self._pending_rows = 0
+
+    def _step_function(self, lr: float, mu: float, batch_size: int) -> Callable[[np.ndarray, np.ndarray], float]:
+        """The per-batch step: FedProx, deferred-update SGD or plain SGD."""
+        lr32 = np.float32(lr)
+        if mu > 0:
+            self._runner("set_anchor")()
+            prox, mu32 = self._runner("train_prox"), np.float32(mu)
+            return lambda xb, yb: float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
+        rank = self.manifest.deferred_rank
+        if rank and 0 < batch_size <= rank:
+            deferred = self._runner("train_deferred")
+
+            def deferred_step(xb: np.ndarray, yb: np.ndarray) -> float:
+                # Fold pending rows into the kernel before they run out (layers.Dense).
+                if self._pending_rows + len(xb) > rank:
+                    self._flush()
+                loss = float(deferred(x=xb, y=yb, lr=lr32, slot=np.int32(self._pending_rows))["loss"])
+                self._pending_rows += len(xb)
+                return loss
+
+            return deferred_step
+        plain = self._runner("train")
+        return lambda xb, yb: float(plain(x=xb, y=yb, lr=lr32)["loss"])
+
     def train(
         self,
         x: np.ndarray,
@@ -246,6 +275,7 @@ class TFLiteModel:
         max_steps: int | None = None,
         seed: int | np.random.Generator | None = 0,
         initial_weights: np.ndarray | None = None,
+        deferred: bool = True,
     ) -> TrainResult:
         """Run ``epochs`` epochs of mini-batch SGD and return the new weights.
 
@@ -253,6 +283,8 @@ class TFLiteModel:
         partial batch of each epoch is included. With ``mu > 0`` each step adds the
         FedProx proximal term anchored at the weights training starts from.
         ``max_steps`` stops early (cold-start pre-training uses a fixed step count).
+        Models with a deferred-update layer use ``train_deferred`` (same SGD, faster;
+        see ``models/layers.py``) unless ``deferred=False``.
         """
         if epochs < 1 or batch_size < 1 or not np.isfinite(lr) or lr <= 0 or mu < 0:
             raise DataError(
@@ -263,31 +295,22 @@ class TFLiteModel:
         if initial_weights is not None:
             self.set_weights(initial_weights)
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        lr32 = np.float32(lr)
-        if mu > 0:
-            self._runner("set_anchor")()
-            prox = self._runner("train_prox")
-            mu32 = np.float32(mu)
-
-            def step(xb: np.ndarray, yb: np.ndarray) -> float:
-                return float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
-        else:
-            plain = self._runner("train")
-
-            def step(xb: np.ndarray, yb: np.ndarray) -> float:
-                return float(plain(x=xb, y=yb, lr=lr32)["loss"])
-
+        step = self._step_function(lr, mu, batch_size if deferred else 0)
         total_loss, total_seen, steps = 0.0, 0, 0
-        for _ in range(epochs):
-            for idx in self._batches(x.shape[0], batch_size, rng):
-                loss = step(x[idx], y_checked[idx])
-                total_loss += loss * len(idx)
-                total_seen += len(idx)
-                steps += 1
+        try:
+            for _ in range(epochs):
+                for idx in self._batches(x.shape[0], batch_size, rng):
+                    loss = step(x[idx], y_checked[idx])
+                    total_loss += loss * len(idx)
+                    total_seen += len(idx)
+                    steps += 1
+                    if max_steps is not None and steps >= max_steps:
+                        break
                 if max_steps is not None and steps >= max_steps:
                     break
-            if max_steps is not None and steps >= max_steps:
-                break
+        finally:
+            if self._pending_rows:
+                self._flush()
         weights = self.get_weights()
         if not np.isfinite(weights).all():
             raise WeightsError(

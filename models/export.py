@@ -65,6 +65,7 @@ def convert(name: str, seed: int = 0) -> tuple[bytes, dict[str, Any]]:
         "n_params": arch.n_params,
         "tensors": tensors,
         "signatures": sorted(signatures),
+        "deferred_rank": module.deferred_rank,
         "init_seed": seed,
         "covey_version": covey_version(),
     }

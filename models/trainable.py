@@ -16,6 +16,18 @@ Signatures (every one converts with ``TFLITE_BUILTINS`` alone):
     The flat gradient of the mean loss on a batch (used by DSC and FedAvg-IC).
 ``get_weights() -> weights``; ``set_weights(weights) -> n_params``
     All trainable tensors as one flat float32 vector, in manifest order.
+
+Models with a deferred-update dense layer (see :class:`models.layers.Dense`) add:
+
+``train_deferred(x, y, lr, slot) -> loss``
+    The same SGD step as ``train``, but the large kernel's update is stored as
+    factor rows ``slot .. slot+B-1`` instead of being added to the kernel. The caller
+    keeps ``slot + B <= deferred_rank`` and calls ``flush`` before the rows run out.
+``flush() -> n_params``
+    Fold the pending factors into the kernel and clear them.
+
+Every other signature sees the effective weights, pending factors included, so a
+caller that never uses ``train_deferred`` never notices them.
 """
 
 from __future__ import annotations
@@ -25,8 +37,12 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from models.layers import Tensor, softmax_cross_entropy
+from models.layers import Backward, Dense, Tensor, softmax_cross_entropy
 from models.zoo import Architecture
+
+
+def _var_name(prefix: str, name: str) -> str:
+    return prefix + name.replace("/", "_")
 
 
 class TrainableModel(tf.Module):
@@ -37,126 +53,197 @@ class TrainableModel(tf.Module):
         self.arch = arch
         self.specs = arch.param_specs()
         initial = arch.initial_weights(seed)
-        self.weights = [
-            tf.Variable(value, name=spec.name.replace("/", "_"))
-            for spec, value in zip(self.specs, initial, strict=True)
-        ]
+        self.weights = [tf.Variable(v, name=_var_name("", s.name)) for s, v in zip(self.specs, initial, strict=True)]
         self.anchor = [
-            tf.Variable(value, name="anchor_" + spec.name.replace("/", "_"))
-            for spec, value in zip(self.specs, initial, strict=True)
+            tf.Variable(v, name=_var_name("anchor_", s.name)) for s, v in zip(self.specs, initial, strict=True)
         ]
         self.n_params = arch.n_params
-        self._slices: list[tuple[int, int]] = []
-        start = 0
-        for layer in arch.layers:
-            count = len(layer.params("p"))
-            self._slices.append((start, start + count))
-            start += count
+        self._param_slices: list[tuple[int, int]] = []
+        self._buffer_slices: list[tuple[int, int]] = []
+        buffer_specs = []
+        p = b = 0
+        for i, layer in enumerate(arch.layers):
+            n_p, extra = len(layer.params("p")), layer.buffers(f"layer{i}")
+            self._param_slices.append((p, p + n_p))
+            self._buffer_slices.append((b, b + len(extra)))
+            buffer_specs.extend(extra)
+            p, b = p + n_p, b + len(extra)
+        self.buffers = [
+            tf.Variable(np.zeros(s.shape, np.float32), name=_var_name("buffer_", s.name)) for s in buffer_specs
+        ]
+        self.deferred_rank = max(
+            (layer.deferred_rank for layer in arch.layers if isinstance(layer, Dense)), default=0
+        )
 
         x_spec = tf.TensorSpec([None, *arch.input_shape], tf.float32, name="x")
         y_spec = tf.TensorSpec([None], tf.int32, name="y")
         scalar = tf.TensorSpec([], tf.float32)
         flat = tf.TensorSpec([self.n_params], tf.float32, name="weights")
         self.train = tf.function(self._train, input_signature=[x_spec, y_spec, scalar])
-        self.train_prox = tf.function(
-            self._train_prox, input_signature=[x_spec, y_spec, scalar, scalar]
-        )
+        self.train_prox = tf.function(self._train_prox, input_signature=[x_spec, y_spec, scalar, scalar])
         self.set_anchor = tf.function(self._set_anchor, input_signature=[])
         self.infer = tf.function(self._infer, input_signature=[x_spec])
         self.evaluate = tf.function(self._evaluate, input_signature=[x_spec, y_spec])
         self.gradients = tf.function(self._gradients, input_signature=[x_spec, y_spec])
         self.get_weights = tf.function(self._get_weights, input_signature=[])
         self.set_weights = tf.function(self._set_weights, input_signature=[flat])
+        if self.deferred_rank:
+            slot = tf.TensorSpec([], tf.int32, name="slot")
+            self.train_deferred = tf.function(self._train_deferred, input_signature=[x_spec, y_spec, scalar, slot])
+            self.flush = tf.function(self._flush, input_signature=[])
 
-    # -- passes -------------------------------------------------------------------
-    def _layer_weights(self, values: list[Tensor], i: int) -> list[Tensor]:
-        start, stop = self._slices[i]
+    # -- helpers ------------------------------------------------------------------
+    def _of(self, values: list[Tensor], slices: list[tuple[int, int]], i: int) -> list[Tensor]:
+        start, stop = slices[i]
         return values[start:stop]
 
-    def _forward(self, x: Tensor, values: list[Tensor]) -> tuple[Tensor, list[dict[str, Tensor]]]:
+    def _read(self) -> tuple[list[Tensor], list[Tensor]]:
+        return [w.read_value() for w in self.weights], [b.read_value() for b in self.buffers]
+
+    def _effective(self, values: list[Tensor], buffers: list[Tensor]) -> list[Tensor]:
+        """Parameter values with pending deferred updates folded in."""
+        out = list(values)
+        for i, layer in enumerate(self.arch.layers):
+            own = self._of(buffers, self._buffer_slices, i)
+            if own and isinstance(layer, Dense):
+                start, _ = self._param_slices[i]
+                out[start] = layer.effective_kernel(values[start], own)
+        return out
+
+    def _forward(
+        self, x: Tensor, values: list[Tensor], buffers: list[Tensor]
+    ) -> tuple[Tensor, list[dict[str, Tensor]]]:
         caches = []
         for i, layer in enumerate(self.arch.layers):
-            x, cache = layer.forward(x, self._layer_weights(values, i))
+            own_values = self._of(values, self._param_slices, i)
+            x, cache = layer.forward(x, own_values, self._of(buffers, self._buffer_slices, i))
             caches.append(cache)
         return x, caches
 
     def _backward(
-        self, grad: Tensor, caches: list[dict[str, Tensor]], values: list[Tensor], scale: Tensor
-    ) -> list[Tensor]:
-        """Scaled parameter gradients in ``self.weights`` order."""
-        per_layer: list[list[Tensor]] = [[] for _ in self.arch.layers]
-        first_with_params = min(i for i, (a, b) in enumerate(self._slices) if b > a)
-        for i in range(len(self.arch.layers) - 1, -1, -1):
-            layer = self.arch.layers[i]
-            need_input_grad = i > first_with_params
-            grad_in, grads = layer.backward(
-                grad, caches[i], self._layer_weights(values, i), scale, need_input_grad
+        self,
+        grad: Tensor,
+        caches: list[dict[str, Tensor]],
+        values: list[Tensor],
+        buffers: list[Tensor],
+        scale: Tensor,
+        defer: bool,
+    ) -> list[Backward | None]:
+        """Per-layer backward results (``None`` below the first layer with parameters)."""
+        results: list[Backward | None] = [None] * len(self.arch.layers)
+        first_with_params = min(i for i, (a, b) in enumerate(self._param_slices) if b > a)
+        for i in range(len(self.arch.layers) - 1, first_with_params - 1, -1):
+            result = self.arch.layers[i].backward(
+                grad,
+                caches[i],
+                self._of(values, self._param_slices, i),
+                self._of(buffers, self._buffer_slices, i),
+                scale,
+                need_input_grad=i > first_with_params,
+                defer=defer,
             )
-            per_layer[i] = grads
-            if not need_input_grad:
-                break
-            grad = grad_in
-        return [g for grads in per_layer for g in grads]
+            results[i] = result
+            grad = result.grad_in
+        return results
 
-    def _loss_and_deltas(
-        self, x: Tensor, y: Tensor, scale: Tensor
-    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-        values = [w.read_value() for w in self.weights]
-        logits, caches = self._forward(x, values)
+    def _step(
+        self, x: Tensor, y: Tensor, scale: Tensor, defer: bool
+    ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Backward | None]]:
+        values, buffers = self._read()
+        logits, caches = self._forward(x, values, buffers)
         loss, dlogits, _ = softmax_cross_entropy(logits, y, self.arch.n_classes)
-        return loss, values, self._backward(dlogits, caches, values, scale)
+        return loss, values, buffers, self._backward(dlogits, caches, values, buffers, scale, defer)
+
+    @staticmethod
+    def _flat_grads(results: list[Backward | None]) -> list[Tensor | None]:
+        return [g for r in results if r is not None for g in r.grads]
 
     # -- signatures ---------------------------------------------------------------
     def _train(self, x: Tensor, y: Tensor, lr: Tensor) -> dict[str, Tensor]:
-        loss, values, deltas = self._loss_and_deltas(x, y, -lr)
-        for var, value, delta in zip(self.weights, values, deltas, strict=True):
+        loss, values, _, results = self._step(x, y, -lr, defer=False)
+        for var, value, delta in zip(self.weights, values, self._flat_grads(results), strict=True):
             var.assign(value + delta)
         return {"loss": loss}
 
+    def _train_deferred(self, x: Tensor, y: Tensor, lr: Tensor, slot: Tensor) -> dict[str, Tensor]:
+        from tensorflow.compiler.tf2xla.python import xla
+
+        loss, values, buffers, results = self._step(x, y, -lr, defer=True)
+        for var, value, delta in zip(self.weights, values, self._flat_grads(results), strict=True):
+            if delta is not None:
+                var.assign(value + delta)
+        zero = tf.constant(0, tf.int32)
+        for i, result in enumerate(results):
+            if result is None or result.factors is None:
+                continue
+            start, _ = self._buffer_slices[i]
+            u_t, v = result.factors
+            pending_out, pending_in = buffers[start], buffers[start + 1]
+            self.buffers[start].assign(xla.dynamic_update_slice(pending_out, u_t, tf.stack([zero, slot])))
+            self.buffers[start + 1].assign(xla.dynamic_update_slice(pending_in, v, tf.stack([slot, zero])))
+        return {"loss": loss}
+
+    def _clear_buffers(self) -> None:
+        for buf in self.buffers:
+            buf.assign(tf.zeros(buf.shape, tf.float32))
+
+    def _flush(self) -> dict[str, Tensor]:
+        values, buffers = self._read()
+        for var, value, effective in zip(self.weights, values, self._effective(values, buffers), strict=True):
+            if effective is not value:
+                var.assign(effective)
+        self._clear_buffers()
+        return {"n_params": tf.constant(self.n_params, tf.int32)}
+
     def _train_prox(self, x: Tensor, y: Tensor, lr: Tensor, mu: Tensor) -> dict[str, Tensor]:
-        loss, values, deltas = self._loss_and_deltas(x, y, -lr)
+        loss, values, buffers, results = self._step(x, y, -lr, defer=False)
         step = lr * mu
-        for var, anchor, value, delta in zip(self.weights, self.anchor, values, deltas, strict=True):
-            var.assign(value + delta - step * (value - anchor.read_value()))
+        effective = self._effective(values, buffers)
+        for var, anchor, value, w_eff, delta in zip(
+            self.weights, self.anchor, values, effective, self._flat_grads(results), strict=True
+        ):
+            # the kernel keeps its pending factors; the proximal pull uses the effective value
+            var.assign(value + delta - step * (w_eff - anchor.read_value()))
         return {"loss": loss}
 
     def _set_anchor(self) -> dict[str, Tensor]:
-        for var, anchor in zip(self.weights, self.anchor, strict=True):
-            anchor.assign(var.read_value())
+        values, buffers = self._read()
+        for anchor, value in zip(self.anchor, self._effective(values, buffers), strict=True):
+            anchor.assign(value)
         return {"n_params": tf.constant(self.n_params, tf.int32)}
 
     def _infer(self, x: Tensor) -> dict[str, Tensor]:
-        logits, _ = self._forward(x, [w.read_value() for w in self.weights])
+        logits, _ = self._forward(x, *self._read())
         return {"logits": logits}
 
     def _evaluate(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        logits, _ = self._forward(x, [w.read_value() for w in self.weights])
+        logits, _ = self._forward(x, *self._read())
         loss, _, correct = softmax_cross_entropy(logits, y, self.arch.n_classes)
         return {"loss": loss, "correct": correct}
 
     def _gradients(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        _, _, grads = self._loss_and_deltas(x, y, tf.constant(1.0))
-        return {"gradients": tf.concat([tf.reshape(g, [-1]) for g in grads], axis=0)}
+        _, _, _, results = self._step(x, y, tf.constant(1.0), defer=False)
+        grads = self._flat_grads(results)
+        return {"gradients": tf.concat([tf.reshape(g, [-1]) for g in grads if g is not None], axis=0)}
 
     def _get_weights(self) -> dict[str, Tensor]:
-        return {"weights": tf.concat([tf.reshape(w.read_value(), [-1]) for w in self.weights], 0)}
+        effective = self._effective(*self._read())
+        return {"weights": tf.concat([tf.reshape(w, [-1]) for w in effective], 0)}
 
     def _set_weights(self, weights: Tensor) -> dict[str, Tensor]:
         offset = 0
         for var, spec in zip(self.weights, self.specs, strict=True):
             var.assign(tf.reshape(weights[offset : offset + spec.size], spec.shape))
             offset += spec.size
+        self._clear_buffers()
         return {"n_params": tf.constant(self.n_params, tf.int32)}
 
     def signatures(self) -> dict[str, Any]:
         """Concrete functions keyed by signature name, for ``tf.saved_model.save``."""
-        return {
-            name: getattr(self, name).get_concrete_function()
-            for name in (
-                "train", "train_prox", "set_anchor", "infer", "evaluate",
-                "gradients", "get_weights", "set_weights",
-            )
-        }
+        names = ["train", "train_prox", "set_anchor", "infer", "evaluate", "gradients", "get_weights", "set_weights"]
+        if self.deferred_rank:
+            names += ["train_deferred", "flush"]
+        return {name: getattr(self, name).get_concrete_function() for name in names}
 
 
 def flat_weights(values: list[np.ndarray]) -> np.ndarray:

@@ -98,3 +98,41 @@ def test_fedprox_step_adds_the_proximal_gradient(zoo_model) -> None:
 
     # Assert: w2 = w1 - lr * (g + mu * (w1 - w0))
     np.testing.assert_allclose(model.get_weights(), w1 - 0.1 * (g + 0.5 * (w1 - w0)), rtol=1e-5, atol=1e-6)
+
+
+def test_deferred_updates_train_exactly_like_plain_sgd(zoo_model) -> None:
+    """cnn_femnist defers its 3136x2048 kernel's updates as low-rank factors; 30 steps
+    of batch 5 cross one fold-in (128 rows) and must match immediate SGD. (A larger
+    learning rate lets roundoff-level ties in max-pool windows flip, a discrete
+    change that is not what this test is about.)"""
+    plain = TFLiteModel(zoo_model("cnn_femnist"))
+    fast = TFLiteModel(zoo_model("cnn_femnist"))
+    assert fast.manifest.deferred_rank == 128
+    rng = np.random.default_rng(5)
+    x = rng.random((150, 784), dtype=np.float32)
+    y = rng.integers(0, 62, 150)
+
+    a = plain.train(x, y, epochs=1, batch_size=5, lr=0.005, seed=9, deferred=False)
+    b = fast.train(x, y, epochs=1, batch_size=5, lr=0.005, seed=9)
+
+    assert a.n_steps == b.n_steps == 30
+    assert abs(a.mean_loss - b.mean_loss) < 1e-4 * abs(a.mean_loss)
+    rel = np.linalg.norm(a.weights - b.weights) / np.linalg.norm(a.weights)
+    moved = np.linalg.norm(a.weights - TFLiteModel(zoo_model("cnn_femnist")).get_weights())
+    assert rel < 1e-5
+    assert moved > 0
+
+
+def test_pending_updates_are_visible_to_every_signature(zoo_model) -> None:
+    """Without a flush, get_weights, evaluate and gradients already see the pending rows."""
+    model = TFLiteModel(zoo_model("cnn_femnist"))
+    reference = TFLiteModel(zoo_model("cnn_femnist"))
+    x, y = _batch("cnn_femnist", n=5)
+    step = model._runner("train_deferred")
+
+    step(x=x, y=y, lr=np.float32(0.1), slot=np.int32(0))  # no flush afterwards
+    reference._runner("train")(x=x, y=y, lr=np.float32(0.1))
+
+    np.testing.assert_allclose(model.get_weights(), reference.get_weights(), rtol=1e-5, atol=1e-7)
+    assert model.evaluate(x, y).loss == pytest.approx(reference.evaluate(x, y).loss, rel=1e-5)
+    np.testing.assert_allclose(model.gradients(x, y), reference.gradients(x, y), rtol=1e-4, atol=1e-6)
