@@ -1,0 +1,1 @@
+"""covey server: grouping, aggregation, strategies, coordinator and simulation."""

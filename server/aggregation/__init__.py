@@ -1,0 +1,1 @@
+"""Aggregation rules: FedAvg, server optimizers, inter-group, hierarchical, DSC weights."""

@@ -1,0 +1,30 @@
+"""The hierarchical schedule of FedAvg-IC (Yoon et al., Eq. 4, Alg. 1) and HierFAVG.
+
+Local SGD steps run on every node; every τ1 steps the group models are aggregated
+(sample-weighted inside each group); every τ1·τ2 steps the global model is
+aggregated over all nodes and broadcast. In covey's round-based drivers one round
+is τ1 local steps followed by a group aggregation; every τ2-th round is global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from server.errors import GroupingError
+
+
+@dataclass(frozen=True)
+class HierarchicalSchedule:
+    tau1: int = 10
+    tau2: int = 2
+
+    def __post_init__(self) -> None:
+        if self.tau1 < 1 or self.tau2 < 1:
+            raise GroupingError(f"τ1 and τ2 must be at least 1, got {self.tau1}, {self.tau2}")
+
+    def is_global_round(self, r: int) -> bool:
+        """Round r (from 1) ends with a global aggregation."""
+        return r % self.tau2 == 0
+
+    def steps_per_round(self) -> int:
+        return self.tau1

@@ -1,0 +1,170 @@
+"""FedAvg-IC node grouping (Yoon et al., "IID and communication-aware group FL",
+Sec. 5, Alg. 1 NODE_GROUPING, Eq. 10-12).
+
+k-medoids whose costs combine data and network:
+
+* assign cost, Eq. (10): IID part ``Δ^k`` (Eq. 7) — the distance between group k's
+  gradient *with node i in it* and the global gradient — plus communication part
+  ``dist(i, medoid_k)`` (hop count or measured RTT);
+* update cost, Eq. (11): IID part ``(|D_i|/|D|) ||∇F_i - ∇F||`` plus communication part
+  ``sum_{j in group} dist(i, j)``;
+* combined, Eq. (12): ``α_iid COST_iid / C_iid + α_comm COST_comm / C_comm``, each part
+  normalised by its first value in the optimisation (footnote 2; covey uses the mean of
+  the first cost matrix, so the normaliser is positive and scale-free).
+
+Every gradient norm is a quadratic form in the n x n Gram matrix of the clients'
+gradients, so no n x d array beyond the gradients themselves is built; the gradients
+may be approximated by local updates (``-Δw / (η τ1)``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from server.errors import GroupingError
+from server.grouping._checks import RandomState, as_generator, check_n_groups, check_square
+from server.grouping.fedgroup import gram_matrix
+
+
+def _iid_assign_cost(gram: np.ndarray, n: np.ndarray, labels: np.ndarray, n_groups: int) -> np.ndarray:
+    """Δ^k with node i placed in group k, for all i, k (n x K): Eq. (7) and (10)."""
+    total = n.sum()
+    b = n / total
+    gb = gram @ b
+    bgb = b @ gb
+    member = labels[:, None] == np.arange(n_groups)[None, :]  # n x K
+    a = member * n[:, None]  # column k: sample-weighted indicator of group k
+    ga = gram @ a  # n x K
+    aga = (a * ga).sum(0)  # K
+    agb = a.T @ gb  # K
+    nk = a.sum(0)  # K
+    diag = np.diag(gram)
+    # node i not yet in group k: a_k + n_i e_i over (n_k + n_i)
+    denom = nk[None, :] + n[:, None]
+    quad = aga[None, :] + 2 * n[:, None] * ga + (n**2 * diag)[:, None]
+    cross = agb[None, :] + n[:, None] * gb[:, None]
+    with_i = quad / denom**2 - 2 * cross / denom + bgb
+    # node i already in group k: Δ^k itself
+    nk_safe = np.where(nk > 0, nk, 1.0)
+    own = aga / nk_safe**2 - 2 * agb / nk_safe + bgb
+    cost = np.where(member, own[None, :], with_i)
+    return np.sqrt(np.maximum(cost, 0.0))
+
+
+def _iid_update_cost(gram: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """(|D_i|/|D|) ||∇F_i - ∇F|| for every node (Eq. 11)."""
+    b = n / n.sum()
+    gb = gram @ b
+    sq = np.diag(gram) - 2 * gb + b @ gb
+    return b * np.sqrt(np.maximum(sq, 0.0))
+
+
+@dataclass(frozen=True)
+class ICResult:
+    labels: np.ndarray
+    medoids: np.ndarray
+    n_iter: int
+    cost: float
+
+
+def fedavg_ic_groups(
+    gradients: np.ndarray,
+    n_samples: np.ndarray,
+    distance: np.ndarray,
+    n_groups: int,
+    *,
+    alpha_iid: float = 1.0,
+    alpha_comm: float = 1.0,
+    max_iter: int = 50,
+    random_state: RandomState = None,
+    gram: np.ndarray | None = None,
+) -> ICResult:
+    """NODE_GROUPING of FedAvg-IC Alg. 1 (lines 16-22)."""
+    dist = check_square(distance, "distance matrix", symmetric=True, non_negative=True)
+    n_nodes = len(dist)
+    k = check_n_groups(n_groups, n_nodes)
+    n = np.asarray(n_samples, np.float64)
+    if n.shape != (n_nodes,) or (n <= 0).any():
+        raise GroupingError(f"need a positive sample count for each of the {n_nodes} nodes")
+    if alpha_iid < 0 or alpha_comm < 0 or alpha_iid + alpha_comm == 0:
+        raise GroupingError("α_iid and α_comm must be non-negative and not both zero")
+    if gram is None:
+        grads = np.asarray(gradients)
+        if grads.ndim != 2 or len(grads) != n_nodes:
+            raise GroupingError(f"need one gradient row per node ({n_nodes}), got shape {grads.shape}")
+        gram = gram_matrix(grads.astype(np.float32, copy=False))
+    if not np.isfinite(gram).all():
+        raise GroupingError("gradients hold NaN or infinite values")
+    rng = as_generator(random_state)
+    medoids = rng.choice(n_nodes, size=k, replace=False)
+    labels = np.argmin(dist[:, medoids], axis=1)
+    labels[medoids] = np.arange(k)
+    update_iid = _iid_update_cost(gram, n)
+    norm: dict[str, float] = {}
+
+    def scaled(key: str, value: np.ndarray) -> np.ndarray:
+        if key not in norm:
+            norm[key] = float(np.mean(value)) or 1.0
+        return value / norm[key]
+
+    def assign(meds: np.ndarray, current: np.ndarray) -> tuple[np.ndarray, float]:
+        cost = alpha_iid * scaled("A_iid", _iid_assign_cost(gram, n, current, k)) + alpha_comm * scaled(
+            "A_comm", dist[:, meds]
+        )
+        new = np.argmin(cost, axis=1)
+        new[meds] = np.arange(k)
+        return new, float(cost[np.arange(n_nodes), new].sum())
+
+    labels, total = assign(medoids, labels)
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):
+        new_medoids = medoids.copy()
+        for g in range(k):
+            members = np.flatnonzero(labels == g)
+            if not len(members):
+                continue
+            u = alpha_iid * scaled("U_iid", update_iid)[members] + alpha_comm * scaled(
+                "U_comm", dist[np.ix_(members, members)].sum(1)
+            )
+            new_medoids[g] = members[np.argmin(u)]
+        new_labels, new_total = assign(new_medoids, labels)
+        steady = np.array_equal(new_labels, labels) and np.array_equal(new_medoids, medoids)
+        medoids, labels, total = new_medoids, new_labels, new_total
+        if steady:
+            break
+    return ICResult(labels.astype(np.int64), medoids, n_iter, total)
+
+
+class FedAvgICGrouping:
+    """FedAvg-IC grouping as an estimator: ``fit(gradients, n_samples, distance)``
+    sets ``labels_``, ``medoids_``, ``n_iter_``."""
+
+    def __init__(
+        self,
+        n_groups: int,
+        *,
+        alpha_iid: float = 1.0,
+        alpha_comm: float = 1.0,
+        max_iter: int = 50,
+        random_state: RandomState = None,
+    ) -> None:
+        if not isinstance(n_groups, (int, np.integer)) or n_groups < 1:
+            raise GroupingError(f"n_groups must be a positive integer, got {n_groups!r}")
+        self.n_groups, self.alpha_iid, self.alpha_comm = int(n_groups), alpha_iid, alpha_comm
+        self.max_iter, self.random_state = max_iter, random_state
+
+    def fit(self, gradients: np.ndarray, n_samples: np.ndarray, distance: np.ndarray) -> FedAvgICGrouping:
+        res = fedavg_ic_groups(
+            gradients,
+            n_samples,
+            distance,
+            self.n_groups,
+            alpha_iid=self.alpha_iid,
+            alpha_comm=self.alpha_comm,
+            max_iter=self.max_iter,
+            random_state=self.random_state,
+        )
+        self.labels_, self.medoids_, self.n_iter_, self.cost_ = res.labels, res.medoids, res.n_iter, res.cost
+        return self

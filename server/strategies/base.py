@@ -1,0 +1,216 @@
+"""The ``Strategy`` interface that the simulator and the MQTT coordinator both drive.
+
+One round:
+
+1. the driver calls :meth:`Strategy.plan_round` with a :class:`RoundContext`; the
+   strategy answers with a :class:`RoundPlan`: the models to send (by key), and groups
+   of clients, each trained as a *chain* (one after another, the model handed on) or
+   in *parallel* (each member from the group's start model);
+2. the driver runs the plan (virtual devices or real boards) and hands back one
+   :class:`GroupResult` per group;
+3. :meth:`Strategy.aggregate` folds the results into the strategy's models.
+
+Between rounds :meth:`Strategy.model_for` says which model a client would use now
+(its group's current model for clustered methods), which is how accuracy is scored.
+
+A strategy that needs more than training results asks the context while planning:
+pre-training updates (FedGroup/FlexCFL cold start), losses of candidate models on
+clients' data (IFCA), clients' current class counts (FlexCFL migration), or the
+link matrices (DSC's SNR, FedAvg-IC's distances). Following Flower's conventions a
+strategy keeps its own state, never mutates the caller's config, and draws all
+randomness from one ``np.random.Generator``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from server.errors import StrategyError
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    """What the server knows about a client (from its registration)."""
+
+    client_id: str
+    n_samples: int
+    class_counts: np.ndarray = field(repr=False)
+    n_test: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training settings sent with a plan."""
+
+    epochs: int = 1
+    batch_size: int = 10
+    lr: float = 0.01
+    mu: float = 0.0  # FedProx proximal weight
+    max_steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0 or self.mu < 0:
+            raise StrategyError(f"invalid training settings: {self}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise StrategyError("max_steps must be at least 1")
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One group's work this round."""
+
+    group_id: int
+    members: tuple[str, ...]
+    mode: str  # "chain" or "parallel"
+    start_model: str  # key into RoundPlan.models
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("chain", "parallel"):
+            raise StrategyError(f"group mode must be 'chain' or 'parallel', got {self.mode!r}")
+        if not self.members:
+            raise StrategyError(f"group {self.group_id} has no members")
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    round: int
+    groups: tuple[GroupPlan, ...]
+    models: Mapping[str, np.ndarray] = field(repr=False)
+    train: TrainConfig = TrainConfig()
+
+    def __post_init__(self) -> None:
+        missing = {g.start_model for g in self.groups} - set(self.models)
+        if missing:
+            raise StrategyError(f"plan refers to models it does not carry: {sorted(missing)}")
+        seen: set[str] = set()
+        for g in self.groups:
+            dup = seen.intersection(g.members)
+            if dup:
+                raise StrategyError(f"clients {sorted(dup)} appear in two groups")
+            seen.update(g.members)
+
+    @property
+    def participants(self) -> list[str]:
+        return [c for g in self.groups for c in g.members]
+
+
+@dataclass(frozen=True)
+class MemberResult:
+    client_id: str
+    n_samples: int
+    train_loss: float
+    weights: np.ndarray | None = field(default=None, repr=False)  # parallel mode: this member's model
+
+
+@dataclass(frozen=True)
+class GroupResult:
+    """What came back for one group. ``final_weights`` is the chain's last model
+    (chain mode); parallel mode carries every member's weights. ``skipped`` lists
+    members that missed their deadline (their work is lost; the chain continued)."""
+
+    group_id: int
+    members: tuple[MemberResult, ...]
+    final_weights: np.ndarray | None = field(default=None, repr=False)
+    skipped: tuple[str, ...] = ()
+
+    @property
+    def n_samples(self) -> int:
+        return sum(m.n_samples for m in self.members)
+
+
+class RoundContext(Protocol):
+    """What a driver offers a strategy while it plans a round."""
+
+    rng: np.random.Generator
+
+    def clients(self) -> Sequence[ClientInfo]: ...
+
+    def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
+        """Each client's update ``w_after - weights`` after ``steps`` SGD steps."""
+        ...
+
+    def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
+        """Training loss of every candidate model on every client (clients x models)."""
+        ...
+
+    def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """Current class-count vectors (they change under distribution shift)."""
+        ...
+
+    def snr_matrix(self) -> np.ndarray | None:
+        """Γ in dB (clients x clients, BS on the diagonal), or None if not measured."""
+        ...
+
+    def distance_matrix(self) -> np.ndarray | None:
+        """Pairwise communication distance (RTT in ms or hops), or None."""
+        ...
+
+
+@dataclass
+class RoundSummary:
+    """What a strategy reports after aggregating (merged into the driver's metrics)."""
+
+    round: int
+    n_groups: int
+    groups: list[list[str]]
+    train_loss: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Strategy:
+    """Base class: a few hooks and shared helpers. Subclasses set ``name``."""
+
+    name = "strategy"
+
+    def __init__(self, train: TrainConfig | None = None) -> None:
+        self.train = train or TrainConfig()
+        self.global_weights: np.ndarray | None = None
+        self.clients: dict[str, ClientInfo] = {}
+
+    # -- hooks -------------------------------------------------------------------
+    def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
+        if not clients:
+            raise StrategyError("no clients registered")
+        self.clients = {c.client_id: c for c in clients}
+        self.global_weights = np.asarray(initial_weights, np.float32).copy()
+        self.rng = rng
+
+    def add_client(self, client: ClientInfo) -> None:
+        """A device registered after the start (a newcomer)."""
+        self.clients[client.client_id] = client
+
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        raise NotImplementedError
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        raise NotImplementedError
+
+    def model_for(self, client_id: str) -> np.ndarray:
+        """The model ``client_id`` would use now (the global one unless overridden)."""
+        assert self.global_weights is not None
+        return self.global_weights
+
+    def group_of(self, client_id: str) -> int | None:
+        return None
+
+    # -- helpers -----------------------------------------------------------------
+    def sample_clients(self, n: int) -> list[str]:
+        ids = sorted(self.clients)
+        if n > len(ids):
+            raise StrategyError(f"asked for {n} clients per round but only {len(ids)} are registered")
+        return [ids[i] for i in sorted(self.rng.choice(len(ids), size=n, replace=False))]
+
+
+def returned(results: Sequence[GroupResult]) -> list[tuple[MemberResult, np.ndarray]]:
+    """Members that returned their own model (parallel mode), with that model."""
+    return [(m, m.weights) for r in results for m in r.members if m.weights is not None]
+
+
+def mean_loss(results: Sequence[GroupResult]) -> float:
+    total = sum(m.train_loss * m.n_samples for r in results for m in r.members)
+    n = sum(m.n_samples for r in results for m in r.members)
+    return total / n if n else float("nan")

@@ -1,0 +1,93 @@
+"""DSC-FL (Zhang et al., dual-segment clustering): groups by link quality, then by
+labels; intra-group aggregation weighted by gradient angle (Eq. 4), inter-group by data
+size (Eq. 3).
+
+Groups are formed once, at the first round, from the SNR matrix the context reports
+(without one — e.g. in a simulation with no radio model — every client is in one
+primary group, which is the letter's "Setting 2", data-based clustering only). Every
+round the selected clients train in parallel from the global model; a client's
+gradient is taken as its update direction ``-(w_k - w)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from server.aggregation.dsc_weights import angle_weights, size_weights
+from server.errors import StrategyError
+from server.grouping.dsc import dsc_groups
+from server.strategies.base import (
+    GroupPlan,
+    GroupResult,
+    RoundContext,
+    RoundPlan,
+    RoundSummary,
+    TrainConfig,
+    mean_loss,
+    returned,
+)
+from server.strategies.clustered import GroupModelStrategy
+
+
+class DSC(GroupModelStrategy):
+    name = "dsc"
+
+    def __init__(
+        self,
+        clients_per_round: int = 20,
+        train: TrainConfig | None = None,
+        snr_similarity: str = "profile",
+        warmup: str = "none",
+    ) -> None:
+        super().__init__(0, clients_per_round, train, warmup)
+        self.snr_similarity = snr_similarity
+
+    def _form_groups(self, ctx: RoundContext) -> None:
+        ids = sorted(self.clients)
+        counts = np.array([self.clients[c].class_counts for c in ids], np.float64)
+        snr = ctx.snr_matrix()
+        if snr is None:
+            snr = np.zeros((len(ids), len(ids)))
+        if snr.shape != (len(ids), len(ids)):
+            raise StrategyError(f"SNR matrix is {snr.shape} for {len(ids)} clients")
+        _, labels = dsc_groups(snr, counts, snr_similarity=self.snr_similarity, random_state=self.rng)
+        self.assignment = {c: int(g) for c, g in zip(ids, labels, strict=True)}
+        self.n_groups = int(labels.max()) + 1
+
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        assert self.global_weights is not None
+        if not self.assignment:
+            self._form_groups(ctx)
+        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        by_group: dict[int, list[str]] = {}
+        for c in chosen:
+            by_group.setdefault(self.assignment[c], []).append(c)
+        plans = tuple(GroupPlan(g, tuple(m), "parallel", "global") for g, m in sorted(by_group.items()))
+        return RoundPlan(rnd, plans, {"global": self.global_weights}, self.train)
+
+    def model_for(self, client_id: str) -> np.ndarray:
+        assert self.global_weights is not None
+        return self.global_weights  # DSC trains one global model
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        assert self.global_weights is not None
+        w = self.global_weights.astype(np.float64)
+        group_models, group_sizes = [], []
+        for r in results:
+            members = returned([r])
+            if not members:
+                continue
+            updates = np.stack([wt for _, wt in members]).astype(np.float64) - w
+            weights = angle_weights(-updates, np.array([m.n_samples for m, _ in members]))
+            group_models.append(w + weights @ updates)
+            group_sizes.append(sum(m.n_samples for m, _ in members))
+        if not group_models:
+            raise StrategyError(f"round {rnd}: no client returned a model")
+        inter = size_weights(np.array(group_sizes))
+        self.global_weights = (inter @ np.stack(group_models)).astype(np.float32)
+        groups: dict[int, list[str]] = {}
+        for c, g in sorted(self.assignment.items()):
+            groups.setdefault(g, []).append(c)
+        return RoundSummary(rnd, self.n_groups, list(groups.values()), mean_loss(results))

@@ -1,0 +1,127 @@
+"""FedAvg (McMahan et al. 2017), FedProx (Li et al. 2020) and the adaptive server
+optimizers FedAdagrad / FedAdam / FedYogi (Reddi et al. 2021).
+
+Each round ``clients_per_round`` clients train in parallel from the global model;
+the server takes the sample-weighted mean (FedAvg) or feeds the mean update to an
+adaptive optimizer. FedProx is FedAvg whose clients use the proximal term (``mu``),
+which lives in the model's ``train_prox`` signature.
+
+Client selection: uniform without replacement, or ``warmup="round_robin"`` (what the
+FlexCFL code does: the first ceil(N/K) rounds visit every client once, in order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from server.aggregation.fedavg import weighted_average
+from server.aggregation.server_opt import ServerOptimizer
+from server.errors import StrategyError
+from server.strategies.base import (
+    GroupPlan,
+    GroupResult,
+    RoundContext,
+    RoundPlan,
+    RoundSummary,
+    Strategy,
+    TrainConfig,
+    mean_loss,
+    returned,
+)
+
+
+class ClientSampler:
+    """Uniform sampling, optionally after a round-robin warm-up that visits everyone."""
+
+    def __init__(self, clients_per_round: int, warmup: str = "none") -> None:
+        if clients_per_round < 1:
+            raise StrategyError("clients_per_round must be at least 1")
+        if warmup not in ("none", "round_robin"):
+            raise StrategyError(f"warmup must be 'none' or 'round_robin', got {warmup!r}")
+        self.k, self.warmup = clients_per_round, warmup
+
+    def select(self, rnd: int, ids: Sequence[str], rng: np.random.Generator) -> list[str]:
+        ids = sorted(ids)
+        if self.k > len(ids):
+            raise StrategyError(f"{self.k} clients per round but only {len(ids)} clients are registered")
+        n_warm = -(-len(ids) // self.k)
+        if self.warmup == "round_robin" and rnd <= n_warm:
+            start = (rnd - 1) * self.k
+            return [ids[(start + i) % len(ids)] for i in range(self.k)]
+        return [ids[i] for i in sorted(rng.choice(len(ids), size=self.k, replace=False))]
+
+
+class FedAvg(Strategy):
+    name = "fedavg"
+
+    def __init__(self, clients_per_round: int = 10, train: TrainConfig | None = None, warmup: str = "none") -> None:
+        super().__init__(train)
+        self.sampler = ClientSampler(clients_per_round, warmup)
+
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        assert self.global_weights is not None
+        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        return RoundPlan(
+            rnd, (GroupPlan(0, tuple(chosen), "parallel", "global"),), {"global": self.global_weights}, self.train
+        )
+
+    def _average(self, results: Sequence[GroupResult]) -> np.ndarray:
+        members = returned(results)
+        if not members:
+            raise StrategyError("no client returned a model this round")
+        return weighted_average([w for _, w in members], [m.n_samples for m, _ in members])
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        self.global_weights = self._average(results)
+        return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results))
+
+
+class FedProx(FedAvg):
+    name = "fedprox"
+
+    def __init__(
+        self, clients_per_round: int = 10, train: TrainConfig | None = None, mu: float = 0.01, warmup: str = "none"
+    ) -> None:
+        base = train or TrainConfig()
+        super().__init__(
+            clients_per_round, TrainConfig(base.epochs, base.batch_size, base.lr, mu, base.max_steps), warmup
+        )
+
+
+class FedOpt(FedAvg):
+    """FedAvg with an adaptive server optimizer on the mean update."""
+
+    kind = "adam"
+
+    def __init__(
+        self,
+        clients_per_round: int = 10,
+        train: TrainConfig | None = None,
+        server_lr: float = 0.01,
+        beta1: float = 0.9,
+        beta2: float = 0.99,
+        tau: float = 1e-3,
+        warmup: str = "none",
+    ) -> None:
+        super().__init__(clients_per_round, train, warmup)
+        self.optimizer = ServerOptimizer(self.kind, server_lr, beta1, beta2, tau)
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        assert self.global_weights is not None
+        mean = self._average(results)
+        self.global_weights = self.optimizer.step(self.global_weights, mean - self.global_weights)
+        return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results))
+
+
+class FedAdagrad(FedOpt):
+    name, kind = "fedadagrad", "adagrad"
+
+
+class FedAdam(FedOpt):
+    name, kind = "fedadam", "adam"
+
+
+class FedYogi(FedOpt):
+    name, kind = "fedyogi", "yogi"

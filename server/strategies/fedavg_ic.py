@@ -1,0 +1,161 @@
+"""FedAvg-IC (Yoon et al.) and HierFAVG (Liu et al. 2020): hierarchical FL with groups.
+
+One covey round is τ1 local SGD steps on every participating node followed by a group
+aggregation (sample-weighted inside each group); every τ2-th round ends with a global
+aggregation over all nodes, broadcast to every group (FedAvg-IC Eq. 4, Alg. 1).
+
+FedAvg-IC starts ungrouped with τ1 = τ2 = 1 (Alg. 1 line 1): round 1 is one local
+pass and a global aggregation; its updates stand in for the local gradients
+(``∇F_i ≈ -(w_i - w)``), and NODE_GROUPING (:mod:`server.grouping.fedavg_ic`) groups the
+nodes by IID and communication cost over the context's distance matrix (measured RTT;
+without one only the IID cost counts, FedAvg-I). HierFAVG groups by network alone: the
+same k-medoids on the distance matrix with the IID weight set to zero, or a random
+partition when no distances are known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from server.aggregation.fedavg import weighted_average
+from server.aggregation.hierarchical import HierarchicalSchedule
+from server.grouping.baselines import random_groups
+from server.grouping.fedavg_ic import fedavg_ic_groups
+from server.strategies.base import (
+    GroupPlan,
+    GroupResult,
+    RoundContext,
+    RoundPlan,
+    RoundSummary,
+    TrainConfig,
+    mean_loss,
+    returned,
+)
+from server.strategies.clustered import GroupModelStrategy
+
+
+class FedAvgIC(GroupModelStrategy):
+    name = "fedavg_ic"
+
+    def __init__(
+        self,
+        n_groups: int = 5,
+        clients_per_round: int | None = None,
+        train: TrainConfig | None = None,
+        tau1: int = 10,
+        tau2: int = 2,
+        alpha_iid: float = 1.0,
+        alpha_comm: float = 1.0,
+    ) -> None:
+        super().__init__(n_groups, clients_per_round or 1, train, "none")
+        self.all_clients = clients_per_round is None
+        self.schedule = HierarchicalSchedule(tau1, tau2)
+        self.alpha_iid, self.alpha_comm = alpha_iid, alpha_comm
+        self._first_updates: dict[str, np.ndarray] = {}
+
+    def _train_config(self) -> TrainConfig:
+        t = self.train
+        return TrainConfig(t.epochs, t.batch_size, t.lr, t.mu, self.schedule.tau1)
+
+    def _chosen(self, rnd: int) -> list[str]:
+        return sorted(self.clients) if self.all_clients else self.sampler.select(rnd, list(self.clients), self.rng)
+
+    def _group(self, ctx: RoundContext) -> None:
+        ids = sorted(self.clients)
+        dist = ctx.distance_matrix()
+        if dist is None:
+            dist = np.zeros((len(ids), len(ids)))
+        n = np.array([self.clients[c].n_samples for c in ids], np.float64)
+        grads = np.stack([-self._first_updates.get(c, np.zeros_like(self.global_weights)) for c in ids])
+        res = fedavg_ic_groups(
+            grads.astype(np.float32),
+            n,
+            dist,
+            min(self.n_groups, len(ids)),
+            alpha_iid=self.alpha_iid,
+            alpha_comm=self.alpha_comm if dist.any() else 0.0,
+            random_state=self.rng,
+        )
+        self._set_groups(ids, res.labels)
+
+    def _set_groups(self, ids: Sequence[str], labels: np.ndarray) -> None:
+        assert self.global_weights is not None
+        self.assignment = {c: int(g) for c, g in zip(ids, labels, strict=True)}
+        self.group_models = [self.global_weights.copy() for _ in range(int(labels.max()) + 1)]
+
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        assert self.global_weights is not None
+        chosen = self._chosen(rnd)
+        if not self.assignment and rnd > 1:
+            self._group(ctx)
+        if not self.assignment:  # round 1: ungrouped, one local pass, then global aggregation
+            return RoundPlan(
+                rnd, (GroupPlan(0, tuple(chosen), "parallel", "global"),), {"global": self.global_weights}, self.train
+            )
+        plan = self.parallel_plan(rnd, chosen)
+        return RoundPlan(plan.round, plan.groups, plan.models, self._train_config())
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        members = returned(results)
+        models, sizes = [w for _, w in members], [m.n_samples for m, _ in members]
+        if not self.assignment:
+            assert self.global_weights is not None
+            for m, w in members:
+                self._first_updates[m.client_id] = w - self.global_weights
+            self.global_weights = weighted_average(models, sizes)
+            return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results), {"global_aggregation": 1.0})
+        self.fedavg_groups(results)
+        is_global = self.schedule.is_global_round(rnd)
+        if is_global and members:
+            self.global_weights = weighted_average(models, sizes)
+            self.group_models = [self.global_weights.copy() for _ in self.group_models]
+        return RoundSummary(
+            rnd,
+            len(self.group_models),
+            self.groups_as_lists(),
+            mean_loss(results),
+            {"global_aggregation": float(is_global)},
+        )
+
+    def model_for(self, client_id: str) -> np.ndarray:
+        return super().model_for(client_id)
+
+
+class HierFAVG(FedAvgIC):
+    name = "hierfavg"
+
+    def __init__(
+        self,
+        n_groups: int = 5,
+        clients_per_round: int | None = None,
+        train: TrainConfig | None = None,
+        tau1: int = 10,
+        tau2: int = 2,
+    ) -> None:
+        super().__init__(n_groups, clients_per_round, train, tau1, tau2, alpha_iid=0.0, alpha_comm=1.0)
+
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        if not self.assignment:
+            ids = sorted(self.clients)
+            dist = ctx.distance_matrix()
+            k = min(self.n_groups, len(ids))
+            if dist is not None and dist.any():
+                res = fedavg_ic_groups(
+                    np.zeros((len(ids), 1), np.float32),
+                    np.ones(len(ids)),
+                    dist,
+                    k,
+                    alpha_iid=0.0,
+                    alpha_comm=1.0,
+                    random_state=self.rng,
+                )
+                labels = res.labels
+            else:
+                labels = np.empty(len(ids), np.int64)
+                for g, members in enumerate(random_groups(len(ids), k, self.rng)):
+                    labels[members] = g
+            self._set_groups(ids, labels)
+        plan = self.parallel_plan(rnd, self._chosen(rnd))
+        return RoundPlan(plan.round, plan.groups, plan.models, self._train_config())

@@ -1,0 +1,150 @@
+"""FedGroup / FedGrouProx (Duan et al. 2021) and FlexCFL (Duan et al. 2022).
+
+Round 1 runs the group cold start: ``alpha * m`` clients pre-train ``pretrain_steps``
+mini-batch steps from the initial model (the public code: 20·m clients, 50 steps);
+their updates are clustered (EDC by default, see :mod:`server.grouping.fedgroup`).
+All group models start from the initial model (Alg. 2 line 2). Each round the
+selected clients that are still *cold* (never grouped) pre-train and join the group
+with the closest update direction (newcomer cold start, FedGroup Eq. 9); then every
+group runs FedAvg (FedProx with ``mu > 0``) over its selected members, followed by the
+inter-group aggregation with ``eta_g``; the global model is the mean of the groups.
+
+FlexCFL adds client migration: before planning, every selected warm client whose
+label histogram moved by more than Eq. (9)'s threshold since it was grouped is
+cold-started again against the groups' cold-start directions.
+
+Unlike the public code, clients are scored with their group's *current* model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from server.aggregation.intergroup import intergroup_aggregate
+from server.errors import StrategyError
+from server.grouping.fedgroup import MEASURES, assign_newcomer, cold_start_groups, group_directions
+from server.grouping.flexcfl import needs_migration
+from server.strategies.base import (
+    ClientInfo,
+    GroupResult,
+    RoundContext,
+    RoundPlan,
+    RoundSummary,
+    TrainConfig,
+    mean_loss,
+)
+from server.strategies.clustered import GroupModelStrategy
+
+
+class FedGroup(GroupModelStrategy):
+    name = "fedgroup"
+
+    def __init__(
+        self,
+        n_groups: int = 5,
+        clients_per_round: int = 20,
+        train: TrainConfig | None = None,
+        alpha: int = 20,
+        pretrain_steps: int = 50,
+        measure: str = "edc",
+        eta_g: float = 0.0,
+        warmup: str = "round_robin",
+    ) -> None:
+        super().__init__(n_groups, clients_per_round, train or TrainConfig(epochs=10, batch_size=10, lr=0.01), warmup)
+        if measure not in MEASURES:
+            raise StrategyError(f"unknown measure {measure!r}; choose one of {', '.join(MEASURES)}")
+        if alpha < 1 or pretrain_steps < 1:
+            raise StrategyError("alpha and pretrain_steps must be at least 1")
+        self.alpha, self.pretrain_steps, self.measure, self.eta_g = alpha, pretrain_steps, measure, eta_g
+        self.directions: np.ndarray | None = None
+        self.initial_weights: np.ndarray | None = None
+        self.grouped_counts: dict[str, np.ndarray] = {}
+        self.migrations = 0
+
+    def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
+        super().setup(clients, initial_weights, rng)
+        self.initial_weights = self.global_weights.copy() if self.global_weights is not None else None
+
+    # -- cold starts ---------------------------------------------------------------
+    def _group_cold_start(self, ctx: RoundContext) -> None:
+        assert self.initial_weights is not None
+        ids = sorted(self.clients)
+        n_pre = min(len(ids), self.alpha * self.n_groups)
+        if n_pre < self.n_groups:
+            raise StrategyError(f"{len(ids)} clients cannot seed {self.n_groups} groups")
+        chosen = [ids[i] for i in sorted(self.rng.choice(len(ids), size=n_pre, replace=False))]
+        updates = ctx.pretrain(chosen, self.initial_weights, self.pretrain_steps)
+        matrix = np.stack([updates[c] for c in chosen]).astype(np.float32, copy=False)
+        labels = cold_start_groups(matrix, self.n_groups, measure=self.measure, random_state=self.rng)
+        self.directions = group_directions(matrix, labels, self.n_groups)
+        self.group_models = [self.initial_weights.copy() for _ in range(self.n_groups)]
+        counts = ctx.class_counts(chosen)
+        for c, g in zip(chosen, labels, strict=True):
+            self.assignment[c] = int(g)
+            self.grouped_counts[c] = counts[c]
+
+    def _client_cold_start(self, clients: Sequence[str], ctx: RoundContext) -> None:
+        if not clients:
+            return
+        assert self.initial_weights is not None and self.directions is not None
+        updates = ctx.pretrain(list(clients), self.initial_weights, self.pretrain_steps)
+        counts = ctx.class_counts(list(clients))
+        for c in clients:
+            self.assignment[c] = assign_newcomer(updates[c], self.directions)
+            self.grouped_counts[c] = counts[c]
+
+    def _migrate(self, chosen: Sequence[str], ctx: RoundContext) -> list[str]:
+        return []
+
+    # -- round ---------------------------------------------------------------------
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        if self.directions is None:
+            self._group_cold_start(ctx)
+        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        moved = self._migrate(chosen, ctx)
+        cold = [c for c in chosen if c not in self.assignment]
+        self._client_cold_start(cold + moved, ctx)
+        self._last_cold, self._last_moved = len(cold), len(moved)
+        return self.parallel_plan(rnd, chosen)
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        self.fedavg_groups(results)
+        self.group_models = intergroup_aggregate(self.group_models, self.eta_g)
+        self.refresh_global()
+        return RoundSummary(
+            rnd,
+            len(self.group_models),
+            self.groups_as_lists(),
+            mean_loss(results),
+            {"cold_started": float(getattr(self, "_last_cold", 0)), "migrated": float(getattr(self, "_last_moved", 0))},
+        )
+
+
+class FedGrouProx(FedGroup):
+    name = "fedgrouprox"
+
+    def __init__(self, mu: float = 0.01, train: TrainConfig | None = None, **kwargs: Any) -> None:
+        base = train or TrainConfig(epochs=10, batch_size=10, lr=0.01)
+        super().__init__(train=TrainConfig(base.epochs, base.batch_size, base.lr, mu, base.max_steps), **kwargs)
+
+
+class FlexCFL(FedGroup):
+    name = "flexcfl"
+
+    def __init__(self, migrate: bool = True, shift_fraction: float = 0.2, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.migrate, self.shift_fraction = migrate, shift_fraction
+
+    def _migrate(self, chosen: Sequence[str], ctx: RoundContext) -> list[str]:
+        if not self.migrate:
+            return []
+        warm = [c for c in chosen if c in self.assignment]
+        if not warm:
+            return []
+        now = ctx.class_counts(warm)
+        moved = [c for c in warm if needs_migration(self.grouped_counts[c], now[c], self.shift_fraction)]
+        self.migrations += len(moved)
+        return moved

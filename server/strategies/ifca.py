@@ -1,0 +1,54 @@
+"""IFCA (Ghosh et al., NeurIPS 2020): each selected client evaluates every group model
+on its training data and trains the one with the lowest loss; each group model is the
+sample-weighted mean of its trainers (model averaging variant). Group models start as
+distinct perturbations of the initial model."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from server.grouping.baselines import ifca_assign
+from server.strategies.base import (
+    ClientInfo,
+    GroupResult,
+    RoundContext,
+    RoundPlan,
+    RoundSummary,
+    TrainConfig,
+    mean_loss,
+)
+from server.strategies.clustered import GroupModelStrategy, perturbed_copies
+
+
+class IFCA(GroupModelStrategy):
+    name = "ifca"
+
+    def __init__(
+        self, n_groups: int = 5, clients_per_round: int = 20, train: TrainConfig | None = None, warmup: str = "none"
+    ) -> None:
+        super().__init__(n_groups, clients_per_round, train, warmup)
+
+    def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
+        super().setup(clients, initial_weights, rng)
+        assert self.global_weights is not None
+        self.group_models = perturbed_copies(self.global_weights, self.n_groups, rng)
+
+    def _assign(self, clients: Sequence[str], ctx: RoundContext) -> None:
+        labels = ifca_assign(ctx.losses(list(clients), self.group_models))
+        for c, g in zip(clients, labels, strict=True):
+            self.assignment[c] = int(g)
+
+    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
+        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        self._assign(chosen, ctx)
+        return self.parallel_plan(rnd, chosen)
+
+    def prepare_evaluation(self, ctx: RoundContext) -> None:
+        self._assign(sorted(self.clients), ctx)
+
+    def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
+        self.fedavg_groups(results)
+        self.refresh_global()
+        return RoundSummary(rnd, self.n_groups, self.groups_as_lists(), mean_loss(results))
