@@ -73,8 +73,9 @@ def affinity_propagation(
 ) -> np.ndarray:
     """AP labels (Eq. 9-11) with ``T_cl`` unchanged iterations; -1 where AP did not converge."""
     n = len(similarity)
-    if n == 1:
-        return np.zeros(1, np.int64)
+    off = similarity[~np.eye(n, dtype=bool)]
+    if n == 1 or np.ptp(off) == 0:  # nothing to tell the clients apart: one group
+        return np.zeros(n, np.int64)
     ap = AffinityPropagation(
         affinity="precomputed",
         preference=preference,

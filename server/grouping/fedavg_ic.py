@@ -15,6 +15,12 @@ k-medoids whose costs combine data and network:
 Every gradient norm is a quadratic form in the n x n Gram matrix of the clients'
 gradients, so no n x d array beyond the gradients themselves is built; the gradients
 may be approximated by local updates (``-Δw / (η τ1)``).
+
+One departure: Alg. 1 reassigns all nodes at once (line 18/21). With the IID cost
+that oscillates — every node of a homogeneous group sees the other group as better
+and they all jump together. covey reassigns nodes one at a time, in random order,
+against the current memberships (the group aggregates are updated in O(n) per move),
+which is the same argmin of COST_A but a descent that settles.
 """
 
 from __future__ import annotations
@@ -59,6 +65,42 @@ def _iid_update_cost(gram: np.ndarray, n: np.ndarray) -> np.ndarray:
     gb = gram @ b
     sq = np.diag(gram) - 2 * gb + b @ gb
     return b * np.sqrt(np.maximum(sq, 0.0))
+
+
+class _Memberships:
+    """Group aggregates in Gram space, updated in O(n) when one node moves."""
+
+    def __init__(self, gram: np.ndarray, n: np.ndarray, labels: np.ndarray, k: int) -> None:
+        self.gram, self.n, self.labels = gram, n, labels.astype(np.int64).copy()
+        b = n / n.sum()
+        self.gb = gram @ b
+        self.bgb = float(b @ self.gb)
+        a = (self.labels[:, None] == np.arange(k)[None, :]) * n[:, None]
+        self.ga = gram @ a  # n x K
+        self.aga = (a * self.ga).sum(0)
+        self.agb = a.T @ self.gb
+        self.nk = a.sum(0)
+
+    def iid_row(self, i: int) -> np.ndarray:
+        """Δ^k for node i in each group k (Eq. 7/10)."""
+        ni, own = self.n[i], self.labels[i]
+        denom = self.nk + ni
+        quad = self.aga + 2 * ni * self.ga[i] + ni * ni * self.gram[i, i]
+        cross = self.agb + ni * self.gb[i]
+        row = quad / denom**2 - 2 * cross / denom + self.bgb
+        nk = self.nk[own]
+        row[own] = self.aga[own] / nk**2 - 2 * self.agb[own] / nk + self.bgb
+        return np.sqrt(np.maximum(row, 0.0))
+
+    def move(self, i: int, to: int) -> None:
+        frm, ni, col = self.labels[i], self.n[i], self.gram[:, i]
+        for g, sign in ((frm, -1.0), (to, 1.0)):
+            # a_g changes by sign * n_i e_i
+            self.aga[g] += sign * 2 * ni * self.ga[i, g] + ni * ni * self.gram[i, i]
+            self.ga[:, g] += sign * ni * col
+            self.agb[g] += sign * ni * self.gb[i]
+            self.nk[g] += sign * ni
+        self.labels[i] = to
 
 
 @dataclass(frozen=True)
@@ -109,31 +151,55 @@ def fedavg_ic_groups(
             norm[key] = float(np.mean(value)) or 1.0
         return value / norm[key]
 
-    def assign(meds: np.ndarray, current: np.ndarray) -> tuple[np.ndarray, float]:
-        cost = alpha_iid * scaled("A_iid", _iid_assign_cost(gram, n, current, k)) + alpha_comm * scaled(
-            "A_comm", dist[:, meds]
-        )
-        new = np.argmin(cost, axis=1)
-        new[meds] = np.arange(k)
-        return new, float(cost[np.arange(n_nodes), new].sum())
+    scaled("A_iid", _iid_assign_cost(gram, n, labels, k))  # fixes the normalisers (first values)
+    scaled("A_comm", dist[:, medoids])
+    state = _Memberships(gram, n, labels, k)
 
-    labels, total = assign(medoids, labels)
+    def sweep(meds: np.ndarray) -> bool:
+        """Reassign every non-medoid node once; True if any node moved."""
+        moved = False
+        fixed = set(meds.tolist())
+        for i in rng.permutation(n_nodes):
+            if i in fixed:
+                continue
+            cost = alpha_iid * state.iid_row(i) / norm["A_iid"] + alpha_comm * dist[i, meds] / norm["A_comm"]
+            best = int(np.argmin(cost))
+            if best != state.labels[i]:
+                state.move(i, best)
+                moved = True
+        return moved
+
+    for g, m in enumerate(medoids):
+        if state.labels[m] != g:
+            state.move(int(m), g)
+    sweep(medoids)
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         new_medoids = medoids.copy()
         for g in range(k):
-            members = np.flatnonzero(labels == g)
+            members = np.flatnonzero(state.labels == g)
             if not len(members):
                 continue
             u = alpha_iid * scaled("U_iid", update_iid)[members] + alpha_comm * scaled(
                 "U_comm", dist[np.ix_(members, members)].sum(1)
             )
             new_medoids[g] = members[np.argmin(u)]
-        new_labels, new_total = assign(new_medoids, labels)
-        steady = np.array_equal(new_labels, labels) and np.array_equal(new_medoids, medoids)
-        medoids, labels, total = new_medoids, new_labels, new_total
+        for g, m in enumerate(new_medoids):
+            if state.labels[m] != g:
+                state.move(int(m), g)
+        moved = sweep(new_medoids)
+        steady = not moved and np.array_equal(new_medoids, medoids)
+        medoids = new_medoids
         if steady:
             break
+    labels = state.labels
+    total = float(
+        sum(
+            alpha_iid * state.iid_row(i)[labels[i]] / norm["A_iid"]
+            + alpha_comm * dist[i, medoids[labels[i]]] / norm["A_comm"]
+            for i in range(n_nodes)
+        )
+    )
     return ICResult(labels.astype(np.int64), medoids, n_iter, total)
 
 

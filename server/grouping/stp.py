@@ -44,8 +44,10 @@ def group_count(r: int, growth: str = "log", alpha: float = 2.0, beta: int = 10)
     elif growth == "log":
         value = beta * math.floor(alpha * math.log(r) + 1)
     elif growth == "exp":
-        exponent = (r - 1) * math.log1p(alpha)
-        value = beta * math.floor(math.exp(min(exponent, 700.0)))
+        try:
+            value = beta * math.floor((1.0 + alpha) ** (r - 1))
+        except OverflowError:
+            value = 2**62
     else:
         raise GroupingError(f"unknown growth function {growth!r}; choose one of {', '.join(GROWTH_FUNCTIONS)}")
     return max(1, int(min(value, 2**62)))

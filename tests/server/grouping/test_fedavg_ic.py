@@ -1,0 +1,81 @@
+"""FedAvg-IC node grouping (Eq. 10-12) and k-medoids."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from server.errors import GroupingError
+from server.grouping.fedavg_ic import FedAvgICGrouping, _iid_assign_cost, fedavg_ic_groups
+from server.grouping.fedgroup import gram_matrix
+from server.grouping.kmedoids import kmedoids
+
+
+def test_iid_assign_cost_matches_a_direct_computation() -> None:
+    rng = np.random.default_rng(0)
+    grads = rng.normal(size=(6, 20))
+    n = rng.integers(5, 50, 6).astype(float)
+    labels = np.array([0, 0, 1, 1, 2, 2])
+    glob = n @ grads / n.sum()
+
+    cost = _iid_assign_cost(gram_matrix(grads.astype(np.float32)), n, labels, 3)
+
+    for i in range(6):
+        for k in range(3):
+            members = set(np.flatnonzero(labels == k)) | {i}
+            idx = sorted(members)
+            group = n[idx] @ grads[idx] / n[idx].sum()
+            assert cost[i, k] == pytest.approx(np.linalg.norm(group - glob), rel=1e-4)
+
+
+def test_communication_cost_alone_groups_by_distance() -> None:
+    pos = np.array([0, 1, 2, 50, 51, 52, 100, 101], float)
+    dist = np.abs(pos[:, None] - pos[None, :])
+    truth = np.array([0, 0, 0, 1, 1, 1, 2, 2])
+
+    res = fedavg_ic_groups(np.zeros((8, 3), np.float32), np.ones(8), dist, 3, alpha_iid=0.0, random_state=0)
+
+    assert adjusted_rand_score(truth, res.labels) == pytest.approx(1.0)
+
+
+def test_iid_cost_mixes_gradient_types_into_every_group() -> None:
+    """Two kinds of nodes (opposite gradients); IID cost alone makes each group look global."""
+    grads = np.array([[1.0, 0.0]] * 4 + [[-1.0, 0.0]] * 4, np.float32)
+    est = FedAvgICGrouping(2, alpha_comm=0.0, random_state=1).fit(grads, np.ones(8), np.zeros((8, 8)))
+    for g in range(2):
+        kinds = set((grads[est.labels_ == g, 0] > 0).tolist())
+        assert kinds == {True, False}
+
+
+def test_kmedoids_and_bad_distance_matrices() -> None:
+    pos = np.array([0.0, 1.0, 10.0, 11.0])
+    labels, medoids, _ = kmedoids(np.abs(pos[:, None] - pos[None, :]), 2, random_state=0)
+    assert labels[0] == labels[1] != labels[2] == labels[3]
+    assert len(medoids) == 2
+    with pytest.raises(GroupingError, match="square"):
+        kmedoids(np.zeros((2, 3)), 1)
+    with pytest.raises(GroupingError, match="symmetric"):
+        kmedoids(np.array([[0.0, 1.0], [3.0, 0.0]]), 1)
+    with pytest.raises(GroupingError, match="non-negative"):
+        kmedoids(np.array([[0.0, -1.0], [-1.0, 0.0]]), 1)
+    with pytest.raises(GroupingError, match="more than"):
+        fedavg_ic_groups(np.zeros((2, 2), np.float32), np.ones(2), np.zeros((2, 2)), 3)
+
+
+def test_incremental_memberships_track_moves_exactly() -> None:
+    from server.grouping.fedavg_ic import _Memberships
+
+    rng = np.random.default_rng(3)
+    grads = rng.normal(size=(7, 9)).astype(np.float32)
+    n = rng.integers(1, 20, 7).astype(float)
+    gram = gram_matrix(grads)
+    labels = np.array([0, 1, 2, 0, 1, 2, 0])
+    state = _Memberships(gram, n, labels, 3)
+
+    state.move(0, 2)
+    state.move(4, 0)
+
+    fresh = _iid_assign_cost(gram, n, state.labels, 3)
+    for i in range(7):
+        np.testing.assert_allclose(state.iid_row(i), fresh[i], rtol=1e-9, atol=1e-12)

@@ -1,0 +1,115 @@
+"""Every strategy, driven by the simulation engine over real LiteRT training."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from server.errors import StrategyError
+from server.simulation.datasets import SwapShift, synthetic
+from server.simulation.engine import Simulation
+from server.strategies import make_strategy, strategy_names
+from server.strategies.base import TrainConfig
+
+TRAIN = TrainConfig(epochs=2, batch_size=10, lr=0.01)
+SETTINGS = {
+    "fedavg": {"clients_per_round": 10},
+    "fedprox": {"clients_per_round": 10, "mu": 0.01},
+    "fedadagrad": {"clients_per_round": 10, "server_lr": 0.3},
+    "fedadam": {"clients_per_round": 10, "server_lr": 0.05},
+    "fedyogi": {"clients_per_round": 10, "server_lr": 0.05},
+    "fedgsp": {"beta": 3, "kappa": 0.5},
+    "naivegsp": {"beta": 3, "kappa": 0.5},
+    "naivegsp_icg": {"beta": 3, "kappa": 0.5},
+    "dsc": {"clients_per_round": 10},
+    "fedgroup": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
+    "fedgrouprox": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
+    "flexcfl": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
+    "ifca": {"n_groups": 3, "clients_per_round": 10},
+    "fesem": {"n_groups": 3, "clients_per_round": 10},
+    "fedavg_ic": {"n_groups": 3, "tau1": 20},
+    "hierfavg": {"n_groups": 3, "tau1": 20},
+}
+
+
+@pytest.fixture(scope="module")
+def model(zoo_model):
+    return zoo_model("mclr_synthetic")
+
+
+def test_every_registered_strategy_has_test_settings() -> None:
+    assert sorted(SETTINGS) == strategy_names()
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_strategy_trains_and_improves_accuracy(model, name: str) -> None:
+    # Prepare
+    fed = synthetic(1, 1, 30, seed=0)
+    sim = Simulation(make_strategy(name, train=TRAIN, **SETTINGS[name]), fed, model, seed=1)
+
+    # Execute
+    records = sim.run(8)
+
+    # Assert
+    assert [r.round for r in records] == list(range(1, 9))
+    assert records[-1].test_accuracy > records[0].test_accuracy
+    assert max(r.test_accuracy for r in records) > 0.3  # chance is 0.1
+    assert all(np.isfinite(r.train_loss) for r in records)
+    assert all(r.bytes > 0 and r.t_comp_s > 0 and r.t_comm_s > 0 for r in records)
+
+
+def test_fedgsp_chains_train_each_sampled_client_once_in_growing_groups(model) -> None:
+    fed = synthetic(1, 1, 30, seed=2)
+    strategy = make_strategy("fedgsp", train=TRAIN, growth="linear", alpha=1.0, beta=2, kappa=1.0)
+    sim = Simulation(strategy, fed, model, seed=0)
+    sizes = []
+    for _ in range(3):
+        plan = strategy.plan_round(sim.rnd + 1, sim)
+        assert all(g.mode == "chain" for g in plan.groups)
+        assert len(plan.participants) == len(set(plan.participants)) == 30  # κ = 1: everyone once
+        sizes.append(len(plan.groups))
+        sim.step()
+    assert sizes == [2, 4, 6]  # f(r) = 2 floor(r - 1 + 1)
+
+
+def test_clustered_strategies_score_clients_with_their_group_model(model) -> None:
+    fed = synthetic(1, 1, 30, seed=3)
+    strategy = make_strategy("fedgroup", train=TRAIN, **SETTINGS["fedgroup"])
+    sim = Simulation(strategy, fed, model, seed=0)
+    sim.run(3)
+    groups = {strategy.group_of(c) for c in fed}
+    models = {id(strategy.model_for(c)) for c in fed if strategy.group_of(c) is not None}
+    assert len(groups - {None}) >= 2
+    assert len(models) >= 2
+
+
+def test_flexcfl_migrates_clients_under_distribution_shift(model) -> None:
+    fed = synthetic(1, 1, 30, seed=4)
+    strategy = make_strategy("flexcfl", train=TRAIN, **SETTINGS["flexcfl"])
+    sim = Simulation(strategy, fed, model, seed=0, shift=SwapShift(probability=0.3))
+    records = sim.run(6)
+    assert sum(r.extra.get("shifted_clients", 0) for r in records) > 0
+    assert strategy.migrations > 0
+
+
+def test_simulation_is_deterministic_and_independent_of_workers(model) -> None:
+    def run(workers: int) -> list[float]:
+        fed = synthetic(1, 1, 20, seed=5)
+        strategy = make_strategy("fedgsp", train=TRAIN, beta=2, kappa=1.0)
+        return [r.test_accuracy for r in Simulation(strategy, fed, model, seed=7, workers=workers).run(3)]
+
+    assert run(1) == run(1)
+    assert run(1) == run(2)
+
+
+def test_unknown_strategy_and_parameters_are_refused() -> None:
+    with pytest.raises(StrategyError, match="unknown strategy 'fedbest'"):
+        make_strategy("fedbest")
+    with pytest.raises(StrategyError, match="no parameter"):
+        make_strategy("fedavg", kappa=0.3)
+
+
+def test_more_clients_per_round_than_clients_is_refused(model) -> None:
+    sim = Simulation(make_strategy("fedavg", clients_per_round=50), synthetic(1, 1, 10), model, seed=0)
+    with pytest.raises(StrategyError, match="50 clients per round but only 10"):
+        sim.step()
