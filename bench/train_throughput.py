@@ -140,8 +140,11 @@ def main() -> int:
                 ker.append(_run(_keras_child, name, batch, args.threads, args.seconds)["sps"])
             ratio = statistics.median(lite) / statistics.median(ker)
             rows.append({"model": name, "batch": batch, "litert_sps": lite, "keras_sps": ker, "ratio": ratio})
-            print(f"# {name} b{batch}: LiteRT {statistics.median(lite):,.0f} samples/s, "
-                  f"Keras {statistics.median(ker):,.0f} samples/s", flush=True)
+            print(
+                f"# {name} b{batch}: LiteRT {statistics.median(lite):,.0f} samples/s, "
+                f"Keras {statistics.median(ker):,.0f} samples/s",
+                flush=True,
+            )
             print(f"figure train_ratio_{name}_b{batch} = {ratio:.3f}", flush=True)
         print(f"figure train_peak_rss_mb_{name} = {peak:.1f}", flush=True)
         rows.append({"model": name, "peak_rss_mb": peak})

@@ -57,9 +57,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from covey.demo import run_local_demo
 
-    return run_local_demo(
-        model_name=args.model, epochs=args.epochs, out_dir=Path(args.out), data_dir=args.data_dir
-    )
+    return run_local_demo(model_name=args.model, epochs=args.epochs, out_dir=Path(args.out), data_dir=args.data_dir)
 
 
 def build_parser() -> argparse.ArgumentParser:

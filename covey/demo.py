@@ -30,12 +30,13 @@ def run_local_demo(model_name: str, epochs: int, out_dir: Path, data_dir: str | 
     test = read_leaf(root / "test")
     x_test = np.concatenate([d.x for d in test.values()])
     y_test = np.concatenate([d.y for d in test.values()])
-    print(f"FEMNIST sample: {len(train)} writers, {sum(len(d) for d in train.values())} train / "
-          f"{len(y_test)} test samples")
+    print(
+        f"FEMNIST sample: {len(train)} writers, {sum(len(d) for d in train.values())} train / "
+        f"{len(y_test)} test samples"
+    )
     print(f"building or loading {model_name} ...")
     model = TFLiteModel(ensure_model(model_name))
-    print(f"{model_name}: {model.n_params:,} parameters, interpreter {model.backend.name} "
-          f"{model.backend.version}")
+    print(f"{model_name}: {model.n_params:,} parameters, interpreter {model.backend.name} {model.backend.version}")
 
     rng = np.random.default_rng(0)
     history: list[dict[str, float]] = []
@@ -52,8 +53,9 @@ def run_local_demo(model_name: str, epochs: int, out_dir: Path, data_dir: str | 
             losses += result.mean_loss * len(data)
             seen += len(data)
         ev = model.evaluate(x_test, y_test)
-        history.append({"epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss,
-                        "train_loss": losses / seen})
+        history.append(
+            {"epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "train_loss": losses / seen}
+        )
         print(f"epoch {epoch}: train loss {losses / seen:.3f}, test accuracy {ev.accuracy:.2%}")
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -62,13 +64,14 @@ def run_local_demo(model_name: str, epochs: int, out_dir: Path, data_dir: str | 
     ax[0].plot([h["epoch"] for h in history], [100 * h["test_accuracy"] for h in history], marker="o")
     ax[0].set(xlabel="epoch", ylabel="test accuracy (%)", title=f"{model_name} on FEMNIST sample")
     ax[1].plot([h["epoch"] for h in history], [h["test_loss"] for h in history], marker="o", label="test")
-    ax[1].plot([h["epoch"] for h in history[1:]], [h["train_loss"] for h in history[1:]], marker="o",
-               label="train")
+    ax[1].plot([h["epoch"] for h in history[1:]], [h["train_loss"] for h in history[1:]], marker="o", label="train")
     ax[1].set(xlabel="epoch", ylabel="loss")
     ax[1].legend()
     fig.tight_layout()
     fig.savefig(out_dir / "demo.png", dpi=120)
     plt.close(fig)
-    print(f"final test accuracy {history[-1]['test_accuracy']:.2%} after {time.perf_counter() - start:.0f} s; "
-          f"plot {out_dir / 'demo.png'}, metrics {out_dir / 'metrics.json'}")
+    print(
+        f"final test accuracy {history[-1]['test_accuracy']:.2%} after {time.perf_counter() - start:.0f} s; "
+        f"plot {out_dir / 'demo.png'}, metrics {out_dir / 'metrics.json'}"
+    )
     return 0

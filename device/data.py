@@ -100,9 +100,9 @@ def read_leaf(path: Path | str) -> dict[str, Dataset]:
                 raise DataError(f"{file}: user {name!r} is listed but has no user_data")
             users.setdefault(str(name), []).append(_leaf_user(name, raw["user_data"][name], str(file)))
     return {
-        name: parts[0] if len(parts) == 1 else Dataset(
-            np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts])
-        )
+        name: parts[0]
+        if len(parts) == 1
+        else Dataset(np.concatenate([p.x for p in parts]), np.concatenate([p.y for p in parts]))
         for name, parts in users.items()
     }
 

@@ -60,9 +60,7 @@ class Manifest:
             "label_dtype": "int32",
             "n_classes": self.n_classes,
             "n_params": self.n_params,
-            "tensors": [
-                {"name": t.name, "shape": list(t.shape), "offset": t.offset} for t in self.tensors
-            ],
+            "tensors": [{"name": t.name, "shape": list(t.shape), "offset": t.offset} for t in self.tensors],
             "signatures": list(self.signatures),
             "deferred_rank": self.deferred_rank,
             "sha256": self.sha256,
@@ -80,9 +78,7 @@ def _field(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], where: 
 
 
 def _shape(value: Any, key: str, where: str) -> tuple[int, ...]:
-    if not isinstance(value, list) or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value
-    ):
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value):
         raise ModelError(f"{where}: manifest field {key!r} must be a list of positive integers, got {value!r}")
     return tuple(value)
 
@@ -155,8 +151,7 @@ def load_manifest(path: Path) -> Manifest:
         text = path.read_text()
     except FileNotFoundError:
         raise ModelError(
-            f"manifest {path} not found; every .tflite needs its NAME.json beside it "
-            "(`covey model build` writes both)"
+            f"manifest {path} not found; every .tflite needs its NAME.json beside it (`covey model build` writes both)"
         ) from None
     except OSError as exc:
         raise ModelError(f"cannot read manifest {path}: {exc.strerror}") from None

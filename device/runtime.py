@@ -128,9 +128,7 @@ class TFLiteModel:
         self.backend = find_backend(backend)
         threads = num_threads or len(os.sched_getaffinity(0))
         try:
-            self._interpreter = self.backend.interpreter_class(
-                model_content=model_bytes, num_threads=threads
-            )
+            self._interpreter = self.backend.interpreter_class(model_content=model_bytes, num_threads=threads)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"{self.backend.name} cannot load {model_path}: {exc}") from None
         available = set(self._interpreter.get_signature_list())
@@ -143,7 +141,11 @@ class TFLiteModel:
         self.num_threads = threads
         log.info(
             "loaded %s (%d parameters) with %s %s, %d threads",
-            self.manifest.model, self.manifest.n_params, self.backend.name, self.backend.version, threads,
+            self.manifest.model,
+            self.manifest.n_params,
+            self.backend.name,
+            self.backend.version,
+            threads,
         )
 
     # -- signature plumbing ---------------------------------------------------------
@@ -169,8 +171,7 @@ class TFLiteModel:
         arr = np.asarray(weights)
         if arr.ndim != 1 or arr.shape[0] != self.n_params:
             raise WeightsError(
-                f"weight vector has shape {arr.shape}; model {self.manifest.model} needs "
-                f"({self.n_params},)"
+                f"weight vector has shape {arr.shape}; model {self.manifest.model} needs ({self.n_params},)"
             )
         if arr.dtype != np.float32:
             if not np.issubdtype(arr.dtype, np.floating):
@@ -190,9 +191,7 @@ class TFLiteModel:
     def weights_by_tensor(self, weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Split a flat vector into named tensors (views) using the manifest layout."""
         flat = self.get_weights() if weights is None else self.check_weights(weights)
-        return {
-            t.name: flat[t.offset : t.offset + t.size].reshape(t.shape) for t in self.manifest.tensors
-        }
+        return {t.name: flat[t.offset : t.offset + t.size].reshape(t.shape) for t in self.manifest.tensors}
 
     # -- data checks ------------------------------------------------------------------
     def check_data(self, x: np.ndarray, y: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -202,9 +201,7 @@ class TFLiteModel:
         if x.ndim == 2 and x.shape[1:] != want and x.shape[1] == int(np.prod(want)):
             x = x.reshape((x.shape[0], *want))  # flat rows for an image model
         if x.shape[1:] != want:
-            raise DataError(
-                f"data has samples of shape {x.shape[1:]}; model {self.manifest.model} takes {want}"
-            )
+            raise DataError(f"data has samples of shape {x.shape[1:]}; model {self.manifest.model} takes {want}")
         if x.shape[0] == 0:
             raise DataError("data set is empty")
         if not np.issubdtype(x.dtype, np.number):
@@ -287,9 +284,7 @@ class TFLiteModel:
         see ``models/layers.py``) unless ``deferred=False``.
         """
         if epochs < 1 or batch_size < 1 or not np.isfinite(lr) or lr <= 0 or mu < 0:
-            raise DataError(
-                f"invalid training settings epochs={epochs} batch_size={batch_size} lr={lr} mu={mu}"
-            )
+            raise DataError(f"invalid training settings epochs={epochs} batch_size={batch_size} lr={lr} mu={mu}")
         x, y_checked = self.check_data(x, y)
         assert y_checked is not None
         if initial_weights is not None:
@@ -313,9 +308,7 @@ class TFLiteModel:
                 self._flush()
         weights = self.get_weights()
         if not np.isfinite(weights).all():
-            raise WeightsError(
-                "training diverged: weights became NaN or infinite; lower the learning rate"
-            )
+            raise WeightsError("training diverged: weights became NaN or infinite; lower the learning rate")
         return TrainResult(weights, int(x.shape[0]), total_loss / max(total_seen, 1), steps)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256) -> EvalResult:
@@ -334,9 +327,7 @@ class TFLiteModel:
     def predict_logits(self, x: np.ndarray, *, batch_size: int = 256) -> np.ndarray:
         x, _ = self.check_data(x)
         runner = self._runner("infer")
-        return np.concatenate(
-            [runner(x=x[idx])["logits"] for idx in self._batches(x.shape[0], batch_size, None)]
-        )
+        return np.concatenate([runner(x=x[idx])["logits"] for idx in self._batches(x.shape[0], batch_size, None)])
 
     def gradients(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256) -> np.ndarray:
         """Flat gradient of the mean loss over ``(x, y)`` at the current weights."""

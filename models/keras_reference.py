@@ -22,9 +22,7 @@ def keras_model(arch: Architecture) -> Any:
             layers.append(keras.layers.Dense(layer.n_out, activation="relu" if layer.relu else None))
         elif isinstance(layer, Conv2D):
             layers.append(
-                keras.layers.Conv2D(
-                    layer.c_out, layer.k, padding="same", activation="relu" if layer.relu else None
-                )
+                keras.layers.Conv2D(layer.c_out, layer.k, padding="same", activation="relu" if layer.relu else None)
             )
         elif isinstance(layer, MaxPool2):
             layers.append(keras.layers.MaxPool2D(2))

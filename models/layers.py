@@ -98,9 +98,7 @@ class Layer:
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def forward(
-        self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
 
     def backward(
@@ -161,9 +159,7 @@ class Dense(Layer):
         pending_out, pending_in = buffers
         return kernel + tf.matmul(pending_out, pending_in)
 
-    def forward(
-        self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
         # z^T = W @ x^T as a rank-3 BATCH_MATMUL: XNNPACK streams W as the left
         # operand without repacking it, on every thread. The obvious x @ W^T would
@@ -241,9 +237,7 @@ class Conv2D(Layer):
         p = self.k // 2
         return tf.pad(x, [[0, 0], [p, p], [p, p], [0, 0]])
 
-    def forward(
-        self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
         cols = _im2col(self._pad(x), self.k, self.h, self.w)
         z = tf.matmul(cols, kernel) + bias  # [N, H, W, taps] @ [taps, out]: no reshape copy
@@ -280,9 +274,7 @@ class Conv2D(Layer):
                 tf.transpose(tf.reverse(k4, [0, 1]), [0, 1, 3, 2]),
                 [self.k * self.k * self.c_out, self.c_in],
             )
-            dcols = tf.reshape(
-                _im2col(self._pad(dz), self.k, self.h, self.w), [-1, self.k * self.k * self.c_out]
-            )
+            dcols = tf.reshape(_im2col(self._pad(dz), self.k, self.h, self.w), [-1, self.k * self.k * self.c_out])
             grad_in = tf.reshape(tf.matmul(dcols, flipped), [-1, self.h, self.w, self.c_in])
         return Backward(grad_in, [grad_kernel, grad_bias])
 
@@ -304,9 +296,7 @@ class MaxPool2(Layer):
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return (self.h // 2, self.w // 2, self.c)
 
-    def forward(
-        self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         y = tf.nn.max_pool2d(x, 2, 2, "VALID")
         return y, {"x": x, "y": y}
 
@@ -345,9 +335,7 @@ class Reshape(Layer):
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return self.out_shape
 
-    def forward(
-        self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]
-    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         return tf.reshape(x, [-1, *self.out_shape]), {}
 
     def backward(
@@ -363,9 +351,7 @@ class Reshape(Layer):
         return Backward(tf.reshape(grad_out, [-1, *self.in_shape]), [])
 
 
-def softmax_cross_entropy(
-    logits: Tensor, labels: Tensor, n_classes: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def softmax_cross_entropy(logits: Tensor, labels: Tensor, n_classes: int) -> tuple[Tensor, Tensor, Tensor]:
     """Mean softmax cross-entropy, its gradient w.r.t. the logits, and the correct count.
 
     ``loss = mean_i(logsumexp(z_i) - z_i[y_i])``; ``dloss/dz = (softmax(z) - onehot(y)) / n``.
@@ -374,7 +360,5 @@ def softmax_cross_entropy(
     n = tf.cast(tf.shape(labels)[0], tf.float32)
     loss = -tf.reduce_sum(tf.nn.log_softmax(logits) * one_hot) / n
     grad = (tf.nn.softmax(logits) - one_hot) / n
-    correct = tf.reduce_sum(
-        tf.cast(tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), labels), tf.float32)
-    )
+    correct = tf.reduce_sum(tf.cast(tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32), labels), tf.float32))
     return loss, grad, correct

@@ -71,9 +71,7 @@ class TrainableModel(tf.Module):
         self.buffers = [
             tf.Variable(np.zeros(s.shape, np.float32), name=_var_name("buffer_", s.name)) for s in buffer_specs
         ]
-        self.deferred_rank = max(
-            (layer.deferred_rank for layer in arch.layers if isinstance(layer, Dense)), default=0
-        )
+        self.deferred_rank = max((layer.deferred_rank for layer in arch.layers if isinstance(layer, Dense)), default=0)
 
         x_spec = tf.TensorSpec([None, *arch.input_shape], tf.float32, name="x")
         y_spec = tf.TensorSpec([None], tf.int32, name="y")

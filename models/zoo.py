@@ -42,14 +42,20 @@ class Architecture:
 
 def _mclr(name: str, n_in: int, n_classes: int, what: str) -> Architecture:
     return Architecture(
-        name, f"multinomial logistic regression {n_in}->{n_classes} ({what})", (n_in,), n_classes,
+        name,
+        f"multinomial logistic regression {n_in}->{n_classes} ({what})",
+        (n_in,),
+        n_classes,
         (Dense(n_in, n_classes, relu=False),),
     )
 
 
 def _mlp(name: str, hidden: int, n_classes: int, what: str) -> Architecture:
     return Architecture(
-        name, f"MLP 784-{hidden}-{n_classes} ({what})", (784,), n_classes,
+        name,
+        f"MLP 784-{hidden}-{n_classes} ({what})",
+        (784,),
+        n_classes,
         (Dense(784, hidden, relu=True), Dense(hidden, n_classes, relu=False)),
     )
 
@@ -73,7 +79,10 @@ def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str) -> Arc
         )
         shape = f"conv{k}x{k}·32 → pool → conv{k}x{k}·64 → pool → dense {dense} → dense {n_classes}"
     return Architecture(
-        name, f"CNN {shape} ({what})", (784,), n_classes,
+        name,
+        f"CNN {shape} ({what})",
+        (784,),
+        n_classes,
         (
             Reshape((784,), (28, 28, 1)),
             Conv2D(28, 28, 1, 32, k, relu=True),

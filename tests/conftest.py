@@ -36,6 +36,8 @@ def femnist_pooled(femnist):
     train, test = femnist
     cat = np.concatenate
     return (
-        cat([d.x for d in train.values()]), cat([d.y for d in train.values()]),
-        cat([d.x for d in test.values()]), cat([d.y for d in test.values()]),
+        cat([d.x for d in train.values()]),
+        cat([d.y for d in train.values()]),
+        cat([d.x for d in test.values()]),
+        cat([d.y for d in test.values()]),
     )

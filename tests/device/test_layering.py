@@ -31,7 +31,10 @@ def test_importing_the_device_runtime_loads_no_tensorflow() -> None:
         "print(m.name, 'tensorflow' in sys.modules)"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True,
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
         cwd=DEVICE.parent,
     ).stdout.split()
     assert out == ["ai_edge_litert", "False"]

@@ -39,8 +39,12 @@ def test_device_runtime_trains_under_tflite_runtime(zoo_model) -> None:
     model = zoo_model("mclr_synthetic")
 
     out = subprocess.run(
-        [python, "-c", SCRIPT, str(model)], capture_output=True, text=True, cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300,
+        [python, "-c", SCRIPT, str(model)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=300,
     )
 
     assert out.returncode == 0, out.stderr[-2000:]

@@ -43,8 +43,16 @@ def test_zoo_model_is_builtin_only_and_manifest_describes_it(zoo_model, name: st
     import hashlib
 
     assert manifest["sha256"] == hashlib.sha256(data).hexdigest()
-    assert set(manifest["signatures"]) >= {"train", "train_prox", "set_anchor", "infer", "evaluate",
-                                           "get_weights", "set_weights", "gradients"}
+    assert set(manifest["signatures"]) >= {
+        "train",
+        "train_prox",
+        "set_anchor",
+        "infer",
+        "evaluate",
+        "get_weights",
+        "set_weights",
+        "gradients",
+    }
 
 
 def test_flex_detector_catches_a_gradienttape_train_step() -> None:
@@ -60,9 +68,7 @@ def test_flex_detector_catches_a_gradienttape_train_step() -> None:
         def train(self, x, y):  # type: ignore[no-untyped-def]
             with tf.GradientTape() as tape:
                 logits = tf.nn.relu(x @ self.w)
-                loss = tf.reduce_mean(
-                    tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits)
-                )
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
             self.w.assign_sub(0.1 * tape.gradient(loss, self.w))
             return {"loss": loss}
 

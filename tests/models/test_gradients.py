@@ -33,9 +33,7 @@ def _tape_gradients(name: str, flat: np.ndarray, x: np.ndarray, y: np.ndarray) -
         model.set_weights([w.astype(np.float64) for w in to_keras_weights(arch, flat)])
         with tf.GradientTape() as tape:
             logits = model(tf.constant(x, tf.float64))
-            loss = tf.reduce_mean(
-                tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.constant(y), logits=logits)
-            )
+            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=tf.constant(y), logits=logits))
         grads = tape.gradient(loss, model.trainable_weights)
     finally:
         keras.backend.set_floatx("float32")
