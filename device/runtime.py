@@ -33,6 +33,9 @@ from device.manifest import Manifest, load_manifest, manifest_path_for, read_ver
 log = logging.getLogger(__name__)
 
 BACKENDS = ("ai_edge_litert", "tflite_runtime", "tensorflow")
+# Evaluation batch: activations grow with it (the FEMNIST CNN holds ~1.3 MB per sample
+# of patch matrices); 32 keeps evaluation within a board's memory at a small cost.
+EVAL_BATCH = 32
 
 
 @dataclass(frozen=True)
@@ -163,8 +166,9 @@ class TFLiteModel:
 
     # -- weights ----------------------------------------------------------------------
     def get_weights(self) -> np.ndarray:
-        """All trainable tensors as one flat float32 vector (a copy)."""
-        return np.array(self._runner("get_weights")()["weights"], dtype=np.float32, copy=True)
+        """All trainable tensors as one flat float32 vector (the signature runner
+        already returns a fresh array; no second copy)."""
+        return np.asarray(self._runner("get_weights")()["weights"], dtype=np.float32)
 
     def check_weights(self, weights: np.ndarray) -> np.ndarray:
         """Validate a flat weight vector against the manifest; return it as float32."""
@@ -311,7 +315,7 @@ class TFLiteModel:
             raise WeightsError("training diverged: weights became NaN or infinite; lower the learning rate")
         return TrainResult(weights, int(x.shape[0]), total_loss / max(total_seen, 1), steps)
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256) -> EvalResult:
+    def evaluate(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = EVAL_BATCH) -> EvalResult:
         """Mean loss and accuracy of the current weights."""
         x, y_checked = self.check_data(x, y)
         assert y_checked is not None
@@ -324,12 +328,12 @@ class TFLiteModel:
         n = int(x.shape[0])
         return EvalResult(total_loss / n, correct / n, n, correct)
 
-    def predict_logits(self, x: np.ndarray, *, batch_size: int = 256) -> np.ndarray:
+    def predict_logits(self, x: np.ndarray, *, batch_size: int = EVAL_BATCH) -> np.ndarray:
         x, _ = self.check_data(x)
         runner = self._runner("infer")
         return np.concatenate([runner(x=x[idx])["logits"] for idx in self._batches(x.shape[0], batch_size, None)])
 
-    def gradients(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256) -> np.ndarray:
+    def gradients(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = EVAL_BATCH) -> np.ndarray:
         """Flat gradient of the mean loss over ``(x, y)`` at the current weights."""
         x, y_checked = self.check_data(x, y)
         assert y_checked is not None

@@ -50,9 +50,10 @@ from scipy.optimize import linear_sum_assignment
 from server.errors import GroupingError
 from server.grouping._checks import RandomState, as_generator, check_counts
 
-COST_RESOLUTION = 1e8  # largest arc cost after scaling to integers
+COST_RESOLUTION = 1e6  # largest arc cost after scaling to integers
 FULL_CHECK_MAX_CLUSTERS = 400
-DRAWS = ("balanced", "random")  # Floyd-Warshall optimality check up to this many clusters
+DRAWS = ("balanced", "random")
+LLOYD_WARMUP = 5  # unconstrained k-means steps before the constrained iterations
 
 
 def _sq_distances(points: np.ndarray, centroids: np.ndarray) -> np.ndarray:
@@ -71,6 +72,24 @@ def _kmeans_pp(points: np.ndarray, n_clusters: int, rng: np.random.Generator) ->
         idx = rng.choice(len(points), p=closest / total) if total > 0 else rng.integers(len(points))
         centroids[i] = points[idx]
         closest = np.minimum(closest, ((points - centroids[i]) ** 2).sum(1))
+    return centroids
+
+
+def _update_centroids(points: np.ndarray, labels: np.ndarray, centroids: np.ndarray) -> None:
+    """Each centroid becomes the mean of its members (unchanged if it has none)."""
+    order = np.argsort(labels, kind="stable")
+    sorted_labels = labels[order]
+    present, starts = np.unique(sorted_labels, return_index=True)
+    sums = np.add.reduceat(points[order], starts, axis=0)
+    sizes = np.diff(np.append(starts, len(labels)))
+    centroids[present] = sums / sizes[:, None]
+
+
+def _lloyd(points: np.ndarray, centroids: np.ndarray, n_iter: int) -> np.ndarray:
+    """A few unconstrained k-means steps: cheap, and a better start for the exact
+    equal-size iterations, which then converge in fewer min-cost-flow solves."""
+    for _ in range(n_iter):
+        _update_centroids(points, np.argmin(_sq_distances(points, centroids), axis=1), centroids)
     return centroids
 
 
@@ -135,13 +154,16 @@ def equal_size_kmeans(
     *,
     max_iter: int = 10,
     n_candidates: int = 16,
+    tol: float = 5e-3,
     random_state: RandomState = None,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Constrained k-means with clusters of exactly ``len(points) / n_clusters`` members.
 
     FedGSP Eq. (10)-(13): alternate an exact min-cost-flow assignment (fixed centroids)
     and a centroid update until the assignment stops changing or ``max_iter`` (τ)
-    iterations ran. Returns ``(labels, centroids, n_iter)``.
+    iterations ran, or the objective of Eq. (10) improved by less than ``tol``
+    (relative). The centroids start from k-means++ refined by a few unconstrained
+    Lloyd steps. Returns ``(labels, centroids, n_iter)``.
     """
     points = check_counts(points, "points")
     n = len(points)
@@ -153,8 +175,9 @@ def equal_size_kmeans(
         return np.zeros(n, np.int64), points.mean(0, keepdims=True), 1
     if size == 1:
         return rng.permutation(n).astype(np.int64), points.copy(), 1
-    centroids = _kmeans_pp(points, n_clusters, rng)
+    centroids = _lloyd(points, _kmeans_pp(points, n_clusters, rng), LLOYD_WARMUP)
     labels = np.full(n, -1, np.int64)
+    previous = np.inf
     n_iter = 0
     for n_iter in range(1, max_iter + 1):
         cost = _sq_distances(points, centroids)
@@ -169,11 +192,12 @@ def equal_size_kmeans(
             new = _solve_flow(cost, size, None)
             if new is None:  # cannot happen: every client may join every cluster
                 raise GroupingError("equal-size assignment is infeasible")
-        for c in range(n_clusters):
-            centroids[c] = points[new == c].mean(0)
-        if np.array_equal(new, labels):
+        objective = float(cost[np.arange(n), new].sum())
+        _update_centroids(points, new, centroids)
+        converged = np.array_equal(new, labels) or objective > (1.0 - tol) * previous
+        labels, previous = new, objective
+        if converged:
             break
-        labels = new
     return labels, centroids, n_iter
 
 
@@ -202,7 +226,7 @@ def icg_groups(
     FedGSP Algorithm 2. ``counts`` is the K x F matrix of class-count vectors;
     ``n_groups`` is f(r). Returns ``(groups, cluster_labels, n_iter)``: ``groups`` is a
     list of arrays of client indices (each in random order, one client per cluster plus
-    at most one leftover), ``cluster_labels[k]`` is client k's cluster (-1 for the
+    at most one leftover at the end), ``cluster_labels[k]`` is client k's cluster (-1 for the
     leftovers of Algorithm 2 line 1). See the module docstring for the departures.
     """
     counts = check_counts(counts)
@@ -215,7 +239,7 @@ def icg_groups(
     if n_groups >= n:
         return [np.array([k]) for k in rng.permutation(n)], np.zeros(n, np.int64), 0
     if n_groups == 1:
-        return [rng.permutation(n)], np.zeros(n, np.int64), 0
+        return [rng.permutation(n)], np.zeros(n, np.int64), 0  # one group: one cluster
     layout = _layout(n, int(n_groups))
     chosen = rng.permutation(n)
     clustered, leftovers = (
@@ -227,13 +251,17 @@ def icg_groups(
     )
     cluster_labels = np.full(n, -1, np.int64)
     cluster_labels[clustered] = labels
-    members = np.array([rng.permutation(clustered[labels == c]) for c in range(layout.n_clusters)])
+    order = np.argsort(labels, kind="stable")
+    members = clustered[order].reshape(layout.n_clusters, layout.cluster_size)  # row c: cluster c
     if draw == "balanced":
         members = _balanced_draw(members, counts, rng)
+    else:
+        members = rng.permuted(members, axis=1)  # Alg. 2 line 6: a random member per group
+    members = rng.permuted(members, axis=0)  # a random chain order inside every group
     groups = [members[:, g].copy() for g in range(layout.cluster_size)]
     if len(leftovers):
         _place_leftovers(groups, leftovers, counts, rng)
-    return [rng.permutation(g) for g in groups], cluster_labels, n_iter
+    return groups, cluster_labels, n_iter
 
 
 def _balanced_draw(members: np.ndarray, counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -245,14 +273,19 @@ def _balanced_draw(members: np.ndarray, counts: np.ndarray, rng: np.random.Gener
     ``x``) and the global distribution; a linear assignment minimises the total.
     """
     target = counts.sum(0) / max(float(counts.sum()), 1e-12)
+    tt = float(target @ target)
     sums = counts[members].sum(0)  # groups x classes
     out = members.copy()
     for c in rng.permutation(len(out)):
-        others = sums - counts[out[c]]  # each group without its cluster-c member
-        cand = others[None, :, :] + counts[out[c]][:, None, :]  # member x group x classes
-        totals = cand.sum(-1, keepdims=True)
-        dist = np.divide(cand, totals, out=np.zeros_like(cand), where=totals > 0)
-        cost = ((dist - target) ** 2).sum(-1)
+        x = counts[out[c]]  # members x classes
+        others = sums - x  # each group without its cluster-c member
+        # ||(o_g + x_i) / s_gi - t||^2 with s_gi = |o_g| + |x_i|, expanded so the only
+        # members x groups x classes work is one matrix product
+        s_gi = x.sum(1)[:, None] + others.sum(1)[None, :]
+        sq = (x * x).sum(1)[:, None] + 2.0 * (x @ others.T) + (others * others).sum(1)[None, :]
+        dot_t = (x @ target)[:, None] + (others @ target)[None, :]
+        inv = np.divide(1.0, s_gi, out=np.zeros_like(s_gi), where=s_gi > 0)
+        cost = sq * inv * inv - 2.0 * dot_t * inv + tt
         rows, cols = linear_sum_assignment(cost)
         placed = np.empty_like(out[c])
         placed[cols] = out[c][rows]

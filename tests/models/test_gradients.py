@@ -121,16 +121,25 @@ def test_deferred_updates_train_exactly_like_plain_sgd(zoo_model) -> None:
     assert moved > 0
 
 
-def test_pending_updates_are_visible_to_every_signature(zoo_model) -> None:
-    """Without a flush, get_weights, evaluate and gradients already see the pending rows."""
+def test_after_a_flush_every_signature_agrees_with_plain_sgd(zoo_model) -> None:
+    """Pending rows live only until ``flush``; after it get_weights, evaluate and
+    gradients see exactly the plain-SGD weights."""
     model = TFLiteModel(zoo_model("cnn_femnist"))
     reference = TFLiteModel(zoo_model("cnn_femnist"))
     x, y = _batch("cnn_femnist", n=5)
-    step = model._runner("train_deferred")
 
-    step(x=x, y=y, lr=np.float32(0.1), slot=np.int32(0))  # no flush afterwards
+    model._runner("train_deferred")(x=x, y=y, lr=np.float32(0.1), slot=np.int32(0))
+    model._runner("flush")()
     reference._runner("train")(x=x, y=y, lr=np.float32(0.1))
 
     np.testing.assert_allclose(model.get_weights(), reference.get_weights(), rtol=1e-5, atol=1e-7)
     assert model.evaluate(x, y).loss == pytest.approx(reference.evaluate(x, y).loss, rel=1e-5)
     np.testing.assert_allclose(model.gradients(x, y), reference.gradients(x, y), rtol=1e-4, atol=1e-6)
+
+
+def test_runtime_training_leaves_no_pending_rows(zoo_model) -> None:
+    model = TFLiteModel(zoo_model("cnn_femnist"))
+    x, y = _batch("cnn_femnist", n=12)
+    result = model.train(x, y, batch_size=5, lr=0.01, seed=0)
+    assert model._pending_rows == 0
+    np.testing.assert_array_equal(result.weights, model.get_weights())
