@@ -7,8 +7,14 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from device.errors import CoveyError
+
+if TYPE_CHECKING:
+    from server.simulation.config import SimulationConfig
 
 
 def _cmd_model_list(args: argparse.Namespace) -> int:
@@ -54,10 +60,135 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_strategies(args: argparse.Namespace) -> int:
+    from server.strategies import STRATEGIES
+
+    for name, cls in sorted(STRATEGIES.items()):
+        print(f"{name:14s} {cls.summary}")
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from covey.demo import run_local_demo
 
     return run_local_demo(model_name=args.model, epochs=args.epochs, out_dir=Path(args.out), data_dir=args.data_dir)
+
+
+def _simulation_config(args: argparse.Namespace) -> SimulationConfig:
+    from server.simulation.config import SimulationConfig, load_config, parse_assignments
+
+    cfg = load_config(args.config) if args.config else SimulationConfig()
+    strategy_params = {**cfg.strategy_params, **parse_assignments(args.set)}
+    dataset_params = {**cfg.dataset_params, **parse_assignments(args.data)}
+    if args.data_dir:
+        dataset_params["data_dir"] = args.data_dir
+    return cfg.with_overrides(
+        strategy=getattr(args, "strategy", None),
+        dataset=args.dataset,
+        model=args.model,
+        rounds=args.rounds,
+        seed=getattr(args, "seed", None),
+        workers=args.workers,
+        epochs=args.epochs,
+        batch=args.batch,
+        lr=args.lr,
+        shift_probability=args.shift,
+        strategy_params=strategy_params,
+        dataset_params=dataset_params,
+        clients_per_round=args.clients_per_round,
+    )
+
+
+def _progress_bar(total: int, desc: str):  # type: ignore[no-untyped-def]
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="round")
+
+    def update(rec) -> None:  # type: ignore[no-untyped-def]
+        bar.update(1)
+        bar.set_postfix(acc=f"{rec.test_accuracy:.3f}", loss=f"{rec.train_loss:.3f}")
+
+    return bar, update
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from server.simulation.run import run_simulation, write_run
+
+    cfg = _simulation_config(args)
+    bar, update = _progress_bar(cfg.rounds, f"{cfg.strategy} on {cfg.dataset}")
+    try:
+        result = run_simulation(cfg, progress=update)
+    finally:
+        bar.close()
+    paths = write_run(result, Path(args.out))
+    print(
+        f"best accuracy {result.best_accuracy:.2%}, final {result.final_accuracy:.2%} "
+        f"after {cfg.rounds} rounds in {result.seconds:.0f} s"
+    )
+    print("wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from server.simulation.run import RunResult, comparison_table, plot_runs, run_simulation, write_run
+
+    base = _simulation_config(args)
+    names = [s for s in args.strategies.split(",") if s]
+    seeds = [int(s) for s in args.seeds.split(",") if s]
+    out = Path(args.out)
+    runs: dict[str, list[RunResult]] = {}
+    for name in names:
+        for seed in seeds:
+            cfg = base.with_overrides(strategy=name, seed=seed)
+            bar, update = _progress_bar(cfg.rounds, f"{name} seed {seed}")
+            try:
+                result = run_simulation(cfg, progress=update)
+            finally:
+                bar.close()
+            write_run(result, out)
+            runs.setdefault(name, []).append(result)
+    target = args.target
+    if target is None and "fedavg" in runs:
+        target = float(np.mean([r.final_accuracy for r in runs["fedavg"]]))
+    table = comparison_table(runs, target)
+    (out / "comparison.md").write_text(
+        f"{base.dataset}, {base.model_name}, {base.rounds} rounds, seeds {seeds}"
+        + (f", target accuracy {target:.1%}" if target is not None else "")
+        + "\n\n"
+        + table
+    )
+    plot_runs(runs, out / "comparison.png", title=f"{base.dataset} ({base.model_name})")
+    print(table)
+    print(f"wrote {out / 'comparison.md'} and {out / 'comparison.png'}")
+    return 0
+
+
+def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="TOML settings file (flags override it)")
+    p.add_argument("--dataset", choices=["synthetic", "femnist", "mnist"], help="default: synthetic")
+    p.add_argument(
+        "--data",
+        action="append",
+        metavar="KEY=VALUE",
+        help="data-set setting, e.g. alpha=1 beta=1 users=100 (synthetic), clients=100 scheme=dirichlet (mnist)",
+    )
+    p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (femnist)")
+    p.add_argument("--model", help="zoo model (default: mclr_synthetic / cnn_femnist / mclr_mnist)")
+    p.add_argument("--rounds", type=int)
+    p.add_argument(
+        "--clients-per-round",
+        type=int,
+        help="clients sampled per round, for the strategies that sample clients (FedGSP samples groups: κ)",
+    )
+    p.add_argument("--epochs", type=int)
+    p.add_argument("--batch", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--workers", type=int, help="processes (default 1)")
+    p.add_argument("--shift", type=float, help="distribution-shift swap probability per round")
+    p.add_argument(
+        "--set", action="append", metavar="KEY=VALUE", help="strategy parameter, e.g. n_groups=5 kappa=0.3 mu=0.01"
+    )
+    p.add_argument("--out", default="runs", help="output folder (default: runs)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,6 +222,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("simulate", help="run one strategy over virtual devices (no broker)")
+    p.add_argument("--strategy", help="strategy name (see `covey strategies`)")
+    p.add_argument("--seed", type=int)
+    _add_simulation_flags(p)
+    p.set_defaults(func=_cmd_simulate)
+
+    p = sub.add_parser("compare", help="run several strategies on the same data and seeds; table + plot")
+    p.add_argument("--strategies", required=True, help="comma-separated names")
+    p.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    p.add_argument("--target", type=float, help="accuracy for 'rounds to target' (default: FedAvg's final)")
+    _add_simulation_flags(p)
+    p.set_defaults(func=_cmd_compare)
+
+    p = sub.add_parser("strategies", help="list the strategies")
+    p.set_defaults(func=_cmd_strategies)
 
     p = sub.add_parser("demo", help="run covey's demo on the bundled FEMNIST sample")
     p.add_argument("--model", default="mlp_femnist", help="zoo model (default: mlp_femnist)")

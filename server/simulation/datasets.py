@@ -142,26 +142,20 @@ def partition(
     if scheme == "pathological":
         if not 1 <= classes_per_client <= len(classes):
             raise ConfigError(f"classes_per_client must be in [1, {len(classes)}]")
-        n_shards = n_clients * classes_per_client
-        per_class = -(-n_shards // len(classes))
-        shards: list[tuple[int, np.ndarray]] = []
-        for c in classes:
-            idx = rng.permutation(np.flatnonzero(y == c))
-            shards += [(int(c), s) for s in np.array_split(idx, per_class)]
-        order = rng.permutation(len(shards))
+        # Client j holds the classes perm[(j k + i) mod C], i < k: k distinct classes each,
+        # every class spread over about n k / C clients, which share its samples equally.
+        perm = rng.permutation(classes)
+        owners: dict[int, list[int]] = {int(c): [] for c in classes}
+        for j in range(n_clients):
+            for i in range(classes_per_client):
+                owners[int(perm[(j * classes_per_client + i) % len(classes)])].append(j)
         parts: list[list[int]] = [[] for _ in range(n_clients)]
-        owned: list[set[int]] = [set() for _ in range(n_clients)]
-        client = 0
-        for s in order:
-            c, idx = shards[s]
-            # give the shard to the next client that lacks this class and has room
-            for step in range(n_clients):
-                j = (client + step) % n_clients
-                if len(owned[j]) < classes_per_client and c not in owned[j]:
-                    parts[j].extend(idx.tolist())
-                    owned[j].add(c)
-                    client = (j + 1) % n_clients
-                    break
+        for c, holders in owners.items():
+            idx = rng.permutation(np.flatnonzero(y == c))
+            if not holders:
+                holders = [int(rng.integers(n_clients))]  # more classes than slots: keep every sample
+            for j, piece in zip(holders, np.array_split(idx, len(holders)), strict=True):
+                parts[j].extend(piece.tolist())
         return [np.sort(np.array(p, np.int64)) for p in parts]
     if scheme == "dirichlet":
         if dirichlet_alpha <= 0:

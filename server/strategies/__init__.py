@@ -42,15 +42,22 @@ def strategy_names() -> list[str]:
     return sorted(STRATEGIES)
 
 
-def make_strategy(name: str, **params: Any) -> Strategy:
-    """Build a strategy by name; unknown names and parameters are clear errors."""
+def strategy_parameters(name: str) -> set[str]:
+    """The keyword parameters strategy ``name`` accepts."""
     try:
         cls = STRATEGIES[name]
     except KeyError:
         raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(strategy_names())}") from None
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
-    if cls in (FedGrouProx, FlexCFL):
+    if issubclass(cls, FedGroup):
         accepted |= set(inspect.signature(FedGroup.__init__).parameters) - {"self"}
+    return accepted
+
+
+def make_strategy(name: str, **params: Any) -> Strategy:
+    """Build a strategy by name; unknown names and parameters are clear errors."""
+    accepted = strategy_parameters(name)
+    cls = STRATEGIES[name]
     unknown = sorted(set(params) - accepted)
     if unknown:
         raise StrategyError(f"strategy {name!r} has no parameter(s) {unknown}; it takes {sorted(accepted)}")

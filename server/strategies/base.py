@@ -165,6 +165,7 @@ class Strategy:
     """Base class: a few hooks and shared helpers. Subclasses set ``name``."""
 
     name = "strategy"
+    summary = ""
 
     def __init__(self, train: TrainConfig | None = None) -> None:
         self.train = train or TrainConfig()

@@ -32,6 +32,7 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class DSC(GroupModelStrategy):
+    summary = "DSC: affinity propagation on SNR then labels; angle-weighted aggregation"
     name = "dsc"
 
     def __init__(

@@ -54,6 +54,7 @@ class ClientSampler:
 
 
 class FedAvg(Strategy):
+    summary = "FedAvg: sample-weighted mean of parallel clients (McMahan et al. 2017)"
     name = "fedavg"
 
     def __init__(self, clients_per_round: int = 10, train: TrainConfig | None = None, warmup: str = "none") -> None:
@@ -79,6 +80,7 @@ class FedAvg(Strategy):
 
 
 class FedProx(FedAvg):
+    summary = "FedProx: FedAvg with the proximal term mu/2 ||w - w_global||^2 (Li et al. 2020)"
     name = "fedprox"
 
     def __init__(
@@ -116,12 +118,15 @@ class FedOpt(FedAvg):
 
 
 class FedAdagrad(FedOpt):
+    summary = "FedAdagrad: adaptive server optimizer on the mean update (Reddi et al. 2021)"
     name, kind = "fedadagrad", "adagrad"
 
 
 class FedAdam(FedOpt):
+    summary = "FedAdam: adaptive server optimizer on the mean update (Reddi et al. 2021)"
     name, kind = "fedadam", "adam"
 
 
 class FedYogi(FedOpt):
+    summary = "FedYogi: adaptive server optimizer on the mean update (Reddi et al. 2021)"
     name, kind = "fedyogi", "yogi"

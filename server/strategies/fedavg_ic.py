@@ -37,6 +37,7 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class FedAvgIC(GroupModelStrategy):
+    summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Yoon et al.)"
     name = "fedavg_ic"
 
     def __init__(
@@ -124,6 +125,7 @@ class FedAvgIC(GroupModelStrategy):
 
 
 class HierFAVG(FedAvgIC):
+    summary = "HierFAVG: groups by network edge / RTT, τ1/τ2 hierarchy (Liu et al. 2020)"
     name = "hierfavg"
 
     def __init__(

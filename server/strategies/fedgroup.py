@@ -40,6 +40,7 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class FedGroup(GroupModelStrategy):
+    summary = "FedGroup: EDC cold start, per-group FedAvg, newcomer assignment (Duan et al. 2021)"
     name = "fedgroup"
 
     def __init__(
@@ -124,6 +125,7 @@ class FedGroup(GroupModelStrategy):
 
 
 class FedGrouProx(FedGroup):
+    summary = "FedGrouProx: FedGroup with FedProx inside groups"
     name = "fedgrouprox"
 
     def __init__(self, mu: float = 0.01, train: TrainConfig | None = None, **kwargs: Any) -> None:
@@ -132,6 +134,7 @@ class FedGrouProx(FedGroup):
 
 
 class FlexCFL(FedGroup):
+    summary = "FlexCFL: FedGroup plus migration on label shift (Duan et al. 2022)"
     name = "flexcfl"
 
     def __init__(self, migrate: bool = True, shift_fraction: float = 0.2, **kwargs: Any) -> None:

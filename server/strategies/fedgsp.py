@@ -34,6 +34,7 @@ from server.strategies.base import (
 
 
 class FedGSP(Strategy):
+    summary = "FedGSP: ICG groups growing by f(r), sequential chains, κ sampling (Zeng et al. 2022)"
     name = "fedgsp"
 
     def __init__(
@@ -97,6 +98,7 @@ class FedGSP(Strategy):
 
 
 class NaiveGSP(FedGSP):
+    summary = "NaiveGSP: random fixed groups trained as chains (FedGSP ablation)"
     name = "naivegsp"
 
     def __init__(
@@ -106,6 +108,7 @@ class NaiveGSP(FedGSP):
 
 
 class NaiveGSPICG(FedGSP):
+    summary = "NaiveGSP+ICG: fixed ICG groups trained as chains (FedGSP ablation)"
     name = "naivegsp_icg"
 
     def __init__(

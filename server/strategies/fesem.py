@@ -27,6 +27,7 @@ from server.strategies.clustered import GroupModelStrategy, perturbed_copies
 
 
 class FeSEM(GroupModelStrategy):
+    summary = "FeSEM: l2 stochastic EM over model centres (Xie et al. 2020)"
     name = "fesem"
 
     def __init__(

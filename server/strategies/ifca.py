@@ -23,6 +23,7 @@ from server.strategies.clustered import GroupModelStrategy, perturbed_copies
 
 
 class IFCA(GroupModelStrategy):
+    summary = "IFCA: clients pick the group model with the lowest loss (Ghosh et al. 2020)"
     name = "ifca"
 
     def __init__(

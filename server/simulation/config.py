@@ -1,0 +1,147 @@
+"""Simulation settings from a TOML file and command-line flags.
+
+A file looks like::
+
+    [simulation]
+    rounds = 300
+    seed = 0
+    workers = 2
+
+    [dataset]
+    name = "synthetic"      # synthetic | femnist | mnist
+    alpha = 1.0
+    beta = 1.0
+    users = 100
+
+    [train]
+    epochs = 10
+    batch = 10
+    lr = 0.01
+
+    [strategy]
+    name = "flexcfl"
+    n_groups = 5
+    clients_per_round = 20
+
+Flags override the file; unknown keys are errors that name the key.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from device.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DATASETS = ("synthetic", "femnist", "mnist")
+DEFAULT_MODEL = {"synthetic": "mclr_synthetic", "femnist": "cnn_femnist", "mnist": "mclr_mnist"}
+DATASET_KEYS = {
+    "synthetic": {"alpha", "beta", "users", "iid"},
+    "femnist": {"data_dir"},
+    "mnist": {"clients", "scheme", "classes_per_client", "dirichlet_alpha", "source", "imbalance"},
+}
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    strategy: str = "fedavg"
+    strategy_params: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "synthetic"
+    dataset_params: dict[str, Any] = field(default_factory=dict)
+    model: str | None = None
+    rounds: int = 50
+    seed: int = 0
+    workers: int = 1
+    epochs: int = 1
+    batch: int = 10
+    lr: float = 0.01
+    shift_probability: float = 0.0
+    shift_mode: str = "all"
+    clients_per_round: int | None = None  # applied to the strategies that take it
+
+    def __post_init__(self) -> None:
+        if self.dataset not in DATASETS:
+            raise ConfigError(f"unknown data set {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        unknown = set(self.dataset_params) - DATASET_KEYS[self.dataset]
+        if unknown:
+            raise ConfigError(
+                f"data set {self.dataset!r} has no setting(s) {sorted(unknown)}; "
+                f"it takes {sorted(DATASET_KEYS[self.dataset])}"
+            )
+        for name, value, low in (
+            ("rounds", self.rounds, 1),
+            ("workers", self.workers, 1),
+            ("epochs", self.epochs, 1),
+            ("batch", self.batch, 1),
+        ):
+            if not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
+        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+            raise ConfigError(f"lr must be a positive number, got {self.lr!r}")
+        if not 0 <= self.shift_probability <= 1:
+            raise ConfigError(f"shift probability must be in [0, 1], got {self.shift_probability}")
+
+    @property
+    def model_name(self) -> str:
+        return self.model or DEFAULT_MODEL[self.dataset]
+
+    def with_overrides(self, **changes: Any) -> SimulationConfig:
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+SECTIONS = {"simulation", "dataset", "train", "strategy"}
+
+
+def load_config(path: Path | str) -> SimulationConfig:
+    """Read a TOML settings file (see the module docstring)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    unknown = set(raw) - SECTIONS
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use {sorted(SECTIONS)}")
+    sim, data, train, strat = (dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy"))
+    kwargs: dict[str, Any] = {}
+    for key in ("rounds", "seed", "workers", "model", "shift_probability", "shift_mode", "clients_per_round"):
+        if key in sim:
+            kwargs[key] = sim.pop(key)
+    if sim:
+        raise ConfigError(f"{path}: unknown [simulation] key(s) {sorted(sim)}")
+    for key in ("epochs", "batch", "lr"):
+        if key in train:
+            kwargs[key] = train.pop(key)
+    if train:
+        raise ConfigError(f"{path}: unknown [train] key(s) {sorted(train)}")
+    if "name" in data:
+        kwargs["dataset"] = data.pop("name")
+    kwargs["dataset_params"] = data
+    if "name" in strat:
+        kwargs["strategy"] = strat.pop("name")
+    kwargs["strategy_params"] = strat
+    return SimulationConfig(**kwargs)
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """``key=value`` flags with values read as TOML scalars (ints, floats, booleans,
+    quoted or bare strings)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"expected key=value, got {item!r}")
+        key, text = item.split("=", 1)
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {text.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = text.strip()
+    return out

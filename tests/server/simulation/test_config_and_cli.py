@@ -1,0 +1,129 @@
+"""Simulation settings (TOML + flags) and the simulate / compare commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from covey.cli import main
+from device.errors import ConfigError
+from server.simulation.config import SimulationConfig, load_config, parse_assignments
+
+
+def test_toml_config_and_overrides(tmp_path) -> None:
+    path = tmp_path / "run.toml"
+    path.write_text(
+        '[simulation]\nrounds = 7\nseed = 3\n[dataset]\nname = "synthetic"\nusers = 12\n'
+        '[train]\nepochs = 2\n[strategy]\nname = "fedgsp"\nkappa = 0.5\n'
+    )
+    cfg = load_config(path)
+    assert (cfg.rounds, cfg.seed, cfg.epochs, cfg.strategy) == (7, 3, 2, "fedgsp")
+    assert cfg.dataset_params == {"users": 12} and cfg.strategy_params == {"kappa": 0.5}
+    assert cfg.with_overrides(rounds=9, seed=None).rounds == 9
+    assert parse_assignments(["a=1", "b=0.5", "c=true", "d=edc"]) == {"a": 1, "b": 0.5, "c": True, "d": "edc"}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[simulaton]\nrounds = 3\n", "unknown section"),
+        ("[simulation]\nround = 3\n", "round"),
+        ('[dataset]\nname = "cifar"\n', "unknown data set"),
+        ('[dataset]\nname = "synthetic"\nwriters = 3\n', "writers"),
+        ("[simulation]\nrounds = 0\n", "rounds"),
+        ("not = [toml", "not valid TOML"),
+    ],
+)
+def test_bad_config_files_are_refused(tmp_path, text: str, message: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        load_config(path)
+
+
+def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:
+    code = main(
+        [
+            "simulate",
+            "--strategy",
+            "fedgsp",
+            "--dataset",
+            "synthetic",
+            "--data",
+            "users=12",
+            "--rounds",
+            "3",
+            "--set",
+            "beta=2",
+            "--set",
+            "kappa=1.0",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    result = json.loads((tmp_path / "fedgsp_synthetic_seed0.json").read_text())
+    assert len(result["rounds"]) == 3
+    assert {"test_accuracy", "median_cpd", "bytes", "t_comp_s", "t_comm_s"} <= set(result["rounds"][0])
+    assert (tmp_path / "fedgsp_synthetic_seed0.png").stat().st_size > 10_000
+    assert (tmp_path / "fedgsp_synthetic_seed0.csv").read_text().startswith("round,")
+    assert "best accuracy" in capsys.readouterr().out
+
+
+def test_compare_command_writes_a_table(tmp_path) -> None:
+    code = main(
+        [
+            "compare",
+            "--strategies",
+            "fedavg,fedgsp",
+            "--seeds",
+            "0,1",
+            "--dataset",
+            "synthetic",
+            "--data",
+            "users=12",
+            "--rounds",
+            "2",
+            "--clients-per-round",
+            "4",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| fedavg |" in table and "| fedgsp |" in table and "±" in table
+    assert (tmp_path / "comparison.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["simulate", "--strategy", "fedbest", "--rounds", "1"], "unknown strategy"),
+        (["simulate", "--dataset", "femnist", "--data-dir", "/nowhere", "--rounds", "1"], "does not exist"),
+        (
+            ["simulate", "--strategy", "fedavg", "--clients-per-round", "500", "--data", "users=10", "--rounds", "1"],
+            "only 10",
+        ),
+        (["simulate", "--dataset", "mnist", "--model", "mclr_femnist", "--rounds", "1", "--data", "clients=10"], None),
+    ],
+)
+def test_bad_simulation_requests_get_clear_errors(tmp_path, capsys, argv, message) -> None:
+    code = main([*argv, "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    if message is None:  # a 62-class model on 10-class data works: labels fit
+        assert code == 0
+    else:
+        assert code == 2
+        assert message in err and "Traceback" not in err
+
+
+def test_model_whose_classes_do_not_fit_the_data_is_refused(tmp_path, capsys) -> None:
+    code = main(["simulate", "--dataset", "femnist", "--model", "mclr_mnist", "--rounds", "1", "--out", str(tmp_path)])
+    assert code == 2
+    assert "10 classes" in capsys.readouterr().err
+
+
+def test_default_model_per_dataset() -> None:
+    assert SimulationConfig(dataset="femnist").model_name == "cnn_femnist"

