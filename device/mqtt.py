@@ -1,0 +1,167 @@
+"""The one module that touches paho-mqtt: a small, blocking-with-timeouts link.
+
+paho's callbacks run on its network thread. They never block here: an incoming
+message is put on a bounded queue (dropped and counted if the queue is full), and
+connection changes set events. Every wait has a timeout. Sessions are persistent
+(``clean_session=False``), QoS 1 throughout, and the last will marks the client
+offline. paho reconnects on its own with exponential backoff (1 to 30 s), and
+subscriptions are renewed on every connect.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+
+import paho.mqtt.client as paho
+
+from device.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Incoming:
+    topic: str
+    payload: bytes
+    retain: bool
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_certs: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+
+@dataclass(frozen=True)
+class Will:
+    topic: str
+    payload: bytes
+    retain: bool = True
+
+
+class MqttLink:
+    """A connected MQTT client with a receive queue."""
+
+    def __init__(
+        self,
+        client_id: str,
+        host: str,
+        port: int,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        tls: TlsFiles | None = None,
+        will: Will | None = None,
+        clean_session: bool = False,
+        max_queue: int = 10_000,
+        keepalive: int = 30,
+    ) -> None:
+        self.host, self.port, self.keepalive = host, port, keepalive
+        self.client_id = client_id
+        self._queue: queue.Queue[Incoming] = queue.Queue(max_queue)
+        self._connected = threading.Event()
+        self._refused: str | None = None
+        self._subscriptions: set[str] = set()
+        self._lock = threading.Lock()
+        self.dropped = 0
+        self._client = paho.Client(
+            paho.CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            clean_session=clean_session,
+            protocol=paho.MQTTv311,
+        )
+        if username is not None:
+            self._client.username_pw_set(username, password)
+        if tls is not None:
+            self._client.tls_set(ca_certs=tls.ca_certs, certfile=tls.certfile, keyfile=tls.keyfile)
+        if will is not None:
+            self._client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
+        self._client.reconnect_delay_set(min_delay=1, max_delay=30)
+        self._client.max_inflight_messages_set(64)
+        self._client.max_queued_messages_set(0)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+
+    # -- callbacks (network thread: never block) -----------------------------------------
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
+        if reason_code.is_failure:
+            self._refused = str(reason_code)
+            return
+        with self._lock:
+            topics = list(self._subscriptions)
+        for topic in topics:
+            client.subscribe(topic, qos=1)
+        self._connected.set()
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
+        self._connected.clear()
+        if reason_code.is_failure:
+            log.warning("%s: lost the broker (%s); reconnecting", self.client_id, reason_code)
+
+    def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
+        try:
+            self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
+        except queue.Full:
+            self.dropped += 1
+
+    # -- API ----------------------------------------------------------------------------
+    def connect(self, timeout: float = 10.0) -> None:
+        try:
+            self._client.connect(self.host, self.port, keepalive=self.keepalive)
+        except OSError as exc:
+            raise TransportError(
+                f"cannot reach the broker at {self.host}:{self.port} ({exc.strerror or exc})"
+            ) from None
+        self._client.loop_start()
+        if not self._connected.wait(timeout):
+            self._client.loop_stop()
+            reason = f" ({self._refused})" if self._refused else ""
+            raise TransportError(f"no MQTT connection to {self.host}:{self.port} within {timeout:.0f} s{reason}")
+
+    def subscribe(self, *topics: str) -> None:
+        with self._lock:
+            self._subscriptions.update(topics)
+        for topic in topics:
+            result, _ = self._client.subscribe(topic, qos=1)
+            if result != paho.MQTT_ERR_SUCCESS and self._connected.is_set():
+                raise TransportError(f"subscribing to {topic} failed ({paho.error_string(result)})")
+
+    def unsubscribe(self, *topics: str) -> None:
+        with self._lock:
+            self._subscriptions.difference_update(topics)
+        for topic in topics:
+            self._client.unsubscribe(topic)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False, wait: float | None = None) -> None:
+        """Queue a QoS-1 message; with ``wait`` block until the broker acknowledged it."""
+        info = self._client.publish(topic, payload, qos=1, retain=retain)
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+            raise TransportError(f"publish to {topic} failed ({paho.error_string(info.rc)})")
+        if wait is not None:
+            deadline = time.monotonic() + wait
+            while not info.is_published():
+                if time.monotonic() > deadline:
+                    raise TransportError(f"publish to {topic} not acknowledged within {wait:.0f} s")
+                time.sleep(0.001)
+
+    def receive(self, timeout: float) -> Incoming | None:
+        try:
+            return self._queue.get(timeout=max(timeout, 0.0))
+        except queue.Empty:
+            return None
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    def close(self) -> None:
+        try:
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()
