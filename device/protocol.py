@@ -13,6 +13,7 @@ Topics (all rooted at ``covey/<run>/``)
 ``device/<id>/inbox``          server -> device   requests (JSON)
 ``device/<id>/frames``         any -> device      model frames (start models, hand-offs)
 ``device/<id>/status``         device, retained   "online"/"offline" (last will)
+``device/<id>/assignment``     server, retained   the device's group in the current round (JSON)
 ``group/<g>/frames``           device -> manager  chain results and relayed hand-offs
 ``artifact/manifest``          server, retained   the model manifest (JSON)
 ``artifact/chunk/<i>``         server, retained   the .tflite file in frames
@@ -43,6 +44,7 @@ import numpy as np
 from device.errors import ProtocolError
 
 PROTOCOL_VERSION = 1
+SERVER_ID = "server"  # sender id of the coordinator and its group managers
 MAGIC = b"CVY1"
 DEFAULT_MAX_CHUNK = 900_000  # bytes of payload per frame: under a 1 MB broker packet limit
 MAX_HEADER = 4096
@@ -98,6 +100,9 @@ class Topics:
 
     def status(self, device: str) -> str:
         return f"{self.root}/device/{check_id(device)}/status"
+
+    def assignment(self, device: str) -> str:
+        return f"{self.root}/device/{check_id(device)}/assignment"
 
     def group_frames(self, group: int) -> str:
         return f"{self.root}/group/{int(group)}/frames"

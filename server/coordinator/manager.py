@@ -1,0 +1,250 @@
+"""Group managers: the in-process virtual nodes of FedGSP Sec. 3.2 that run one group
+of one round.
+
+Chain mode. Every member gets its train request at once (its position, predecessor
+and where its output goes); the manager sends the start model to the first member.
+With *direct* hand-offs each member publishes its model straight to its successor's
+frames topic; with *relay* hand-offs every model comes to the manager, which forwards
+it. The last member always returns the chain's model to the manager.
+
+Deadlines. If the member whose turn it is does not report in time it is skipped and
+the chain continues from the last good model: the manager holds it (relay), asks the
+last good member to send it again (direct), or uses the start model (first member).
+Nothing already trained is thrown away.
+
+Parallel mode. Every member trains from the group's start model and returns its model
+to the manager; members that miss the deadline are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from device.protocol import SERVER_ID, Message, Payload, Topics, encode_frames
+from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
+
+log = logging.getLogger("covey.server")
+
+Publish = Callable[[str, bytes], None]
+
+
+@dataclass
+class _Member:
+    device: str
+    task_id: str
+    n_samples: int = 0
+    loss: float = float("nan")
+    reported: bool = False
+    weights: np.ndarray | None = field(default=None, repr=False)
+    skipped: bool = False
+
+
+class GroupManager:
+    def __init__(
+        self,
+        plan: GroupPlan,
+        round_: int,
+        start_weights: np.ndarray,
+        train: TrainConfig,
+        *,
+        topics: Topics,
+        publish: Publish,
+        handoff: str,
+        deadline_s: float,
+        seed: int,
+        max_chunk: int,
+    ) -> None:
+        self.plan, self.round, self.topics, self.publish = plan, round_, topics, publish
+        self.handoff = handoff if plan.mode == "chain" else "relay"
+        self.deadline_s, self.seed, self.max_chunk = deadline_s, seed, max_chunk
+        self.train = train
+        self.start_weights = start_weights
+        self.members = [_Member(d, f"{topics.run}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)]
+        self.current = 0
+        self.last_good: np.ndarray = start_weights
+        self.last_good_index = -1  # -1: the start model
+        self.final: np.ndarray | None = None
+        self.done = False
+        self.deadline = float("inf")
+        self.waiting_resend = False
+        self.resends = 0
+
+    # -- helpers -------------------------------------------------------------------------
+    def _send_request(self, member: _Member, index: int) -> None:
+        chain = self.plan.mode == "chain"
+        direct = chain and self.handoff == "direct"
+        nxt: dict[str, Any] = {"group": self.plan.group_id}
+        if direct and index + 1 < len(self.members):
+            successor = self.members[index + 1]
+            nxt = {"device": successor.device, "task_id": successor.task_id}
+        predecessor = self.members[index - 1].device if direct and index > 0 else SERVER_ID
+        body = {
+            "task_id": member.task_id,
+            "group": self.plan.group_id,
+            "position": index,
+            "mode": self.plan.mode,
+            "predecessor": predecessor,
+            "next": nxt,
+            "epochs": self.train.epochs,
+            "batch": self.train.batch_size,
+            "lr": self.train.lr,
+            "mu": self.train.mu,
+            "max_steps": self.train.max_steps,
+            "seed": self.seed,
+        }
+        msg = Message("train", self.topics.run, SERVER_ID, self.round, body)
+        self.publish(self.topics.inbox(member.device), msg.encode())
+
+    def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
+        for frame in encode_frames(
+            weights,
+            kind="model",
+            run=self.topics.run,
+            round=self.round,
+            group=self.plan.group_id,
+            sender=SERVER_ID,
+            max_chunk=self.max_chunk,
+            extra={"task_id": member.task_id, "position": position},
+        ):
+            self.publish(self.topics.frames(member.device), frame)
+
+    # -- lifecycle -----------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        for i, m in enumerate(self.members):
+            self._send_request(m, i)
+        if self.plan.mode == "chain":
+            self._send_model(self.start_weights, self.members[0], 0)
+        else:
+            for i, m in enumerate(self.members):
+                self._send_model(self.start_weights, m, i)
+        self.deadline = now + self.deadline_s
+
+    def owns(self, device: str) -> bool:
+        return any(m.device == device for m in self.members)
+
+    def on_result(self, device: str, body: dict[str, Any], now: float) -> bool:
+        """A member's JSON result; False if it is not the one this manager expects."""
+        member = next((m for m in self.members if m.device == device and m.task_id == body.get("task_id")), None)
+        if member is None or member.reported or member.skipped:
+            return False
+        member.reported, member.n_samples, member.loss = (
+            True,
+            int(body.get("n_samples", 0)),
+            float(body.get("loss", float("nan"))),
+        )
+        if self.plan.mode == "chain" and self.handoff == "direct":
+            index = self.members.index(member)
+            if index == self.current:
+                self.last_good_index = index
+                self.current += 1
+                self.deadline = now + self.deadline_s
+        self._check_done()
+        return True
+
+    def on_frame(self, payload: Payload, weights: np.ndarray, now: float) -> bool:
+        """A model frame on the group topic; False if it is not expected."""
+        h = payload.header
+        if self.waiting_resend and self.last_good_index >= 0 and h.sender == self.members[self.last_good_index].device:
+            self.waiting_resend = False
+            self.last_good = weights
+            self._continue_after_skip(now)
+            return True
+        member = next((m for m in self.members if m.device == h.sender and m.task_id == h.extra.get("task_id")), None)
+        if member is None or member.skipped or member.weights is not None:
+            return False
+        member.weights = weights
+        index = self.members.index(member)
+        if self.plan.mode == "chain":
+            if index != self.current and not (self.handoff == "direct" and index == len(self.members) - 1):
+                return False
+            self.last_good, self.last_good_index = weights, index
+            if index == len(self.members) - 1:
+                self.final = weights
+            elif self.handoff == "relay":
+                self.current = index + 1
+                self._send_model(weights, self.members[self.current], self.current)
+                self.deadline = now + self.deadline_s
+        self._check_done()
+        return True
+
+    def _check_done(self) -> None:
+        if self.plan.mode == "chain":
+            last = self.members[-1]
+            finished = self.final is not None and (last.reported or last.skipped)
+            self.done = self.done or finished
+        else:
+            self.done = all((m.reported and m.weights is not None) or m.skipped for m in self.members)
+
+    def tick(self, now: float) -> None:
+        if self.done or now < self.deadline:
+            return
+        if self.plan.mode == "parallel":
+            for m in self.members:
+                if not (m.reported and m.weights is not None):
+                    m.skipped = True
+                    log.warning(
+                        "round %d group %d: %s missed its deadline; skipped", self.round, self.plan.group_id, m.device
+                    )
+            self.done = True
+            return
+        if self.waiting_resend:  # the last good member did not resend either: use what we hold
+            self.waiting_resend = False
+            self._continue_after_skip(now)
+            return
+        late = self.members[self.current]
+        late.skipped = True
+        log.warning(
+            "round %d group %d: %s missed its deadline; the chain goes on without it",
+            self.round,
+            self.plan.group_id,
+            late.device,
+        )
+        self.current += 1
+        if self.handoff == "direct" and self.last_good_index >= 0:
+            # the last good model sits on the last good member: ask for it again
+            src = self.members[self.last_good_index]
+            msg = Message(
+                "resend",
+                self.topics.run,
+                SERVER_ID,
+                self.round,
+                {"task_id": src.task_id, "to": {"group": self.plan.group_id}},
+            )
+            self.publish(self.topics.inbox(src.device), msg.encode())
+            self.waiting_resend = True
+            self.resends += 1
+            self.deadline = now + self.deadline_s
+            return
+        self._continue_after_skip(now)
+
+    def _continue_after_skip(self, now: float) -> None:
+        if self.current >= len(self.members):
+            self.final = self.last_good
+            self.done = True
+            return
+        nxt = self.members[self.current]
+        if self.handoff == "direct" and nxt.reported:
+            return
+        # the successor was told to expect its predecessor; a model from the server is
+        # always accepted, so the manager forwards the last good model itself
+        self._send_model(self.last_good, nxt, self.current)
+        self.deadline = now + self.deadline_s
+
+    def result(self) -> GroupResult:
+        members = tuple(
+            MemberResult(m.device, m.n_samples, m.loss, m.weights if self.plan.mode == "parallel" else None)
+            for m in self.members
+            if m.reported and not m.skipped
+        )
+        skipped = tuple(m.device for m in self.members if m.skipped)
+        final = self.final if self.plan.mode == "chain" else None
+        return GroupResult(self.plan.group_id, members, final, skipped)
+
+    @property
+    def trained_members(self) -> list[str]:
+        return [m.device for m in self.members if m.reported and not m.skipped]

@@ -1,0 +1,100 @@
+"""A local fleet: device agents as separate processes on LEAF writers (demo, tests,
+benchmarks). Each agent is ``python -m device.cli`` with its writer's data, exactly
+as on a board."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from device.data import read_leaf
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Fleet:
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    device_ids: list[str] = field(default_factory=list)
+    workdir: tempfile.TemporaryDirectory[str] | None = None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for p in self.processes:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.processes:
+            try:
+                p.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        if self.workdir is not None:
+            self.workdir.cleanup()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def leaf_writers(root: Path, n: int) -> list[str]:
+    """The first ``n`` writers (file order) of a LEAF folder's train split."""
+    users = list(read_leaf(root / "train"))
+    if n > len(users):
+        raise ValueError(f"{root} has {len(users)} writers, {n} requested")
+    return users[:n]
+
+
+def start_fleet(
+    root: Path,
+    writers: list[str],
+    *,
+    run: str,
+    host: str,
+    port: int,
+    threads: int = 1,
+    idle_timeout: float = 600.0,
+    log_dir: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> Fleet:
+    """One agent process per writer, its data read from the LEAF folder."""
+    fleet = Fleet(workdir=tempfile.TemporaryDirectory(prefix="covey-fleet-"))
+    assert fleet.workdir is not None
+    base = Path(fleet.workdir.name)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **(extra_env or {})}
+    for i, writer in enumerate(writers):
+        device_id = f"dev{i:03d}"
+        log = (log_dir or base) / f"{device_id}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "device.cli",
+            "--broker",
+            f"{host}:{port}",
+            "--run",
+            run,
+            "--id",
+            device_id,
+            "--data",
+            str(root / "train"),
+            "--test",
+            str(root / "test"),
+            "--user",
+            writer,
+            "--state-dir",
+            str(base / device_id),
+            "--threads",
+            str(threads),
+            "--idle-timeout",
+            str(idle_timeout),
+            "-v",
+        ]
+        handle = log.open("wb")
+        fleet.processes.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT))
+        fleet.device_ids.append(device_id)
+    return fleet
