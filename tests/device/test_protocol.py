@@ -1,0 +1,117 @@
+"""Wire protocol: topics, messages, frames, chunking and every way a frame can be bad."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from device.errors import ProtocolError
+from device.protocol import (
+    MAGIC,
+    Message,
+    Reassembler,
+    Topics,
+    check_weights,
+    decode_message,
+    encode_frames,
+    parse_frame,
+)
+
+
+def _frames(array: np.ndarray, max_chunk: int = 1000) -> list[bytes]:
+    return list(encode_frames(array, kind="model", run="r1", round=3, group=2, sender="dev001", max_chunk=max_chunk))
+
+
+def test_topics_are_rooted_per_run_and_check_ids() -> None:
+    t = Topics("r1")
+    assert t.inbox("dev001") == "covey/r1/device/dev001/inbox"
+    assert t.group_frames(4) == "covey/r1/group/4/frames"
+    assert t.artifact_chunk(0) == "covey/r1/artifact/chunk/0"
+    with pytest.raises(ProtocolError, match="run id"):
+        Topics("a/b")
+    with pytest.raises(ProtocolError, match="device id"):
+        t.inbox("dev#1")
+
+
+def test_messages_round_trip_and_bad_ones_are_named() -> None:
+    msg = Message("train", "r1", "server", 4, {"task_id": "x", "lr": 0.01})
+    back = decode_message(msg.encode())
+    assert (back.type, back.round, back.body) == ("train", 4, {"task_id": "x", "lr": 0.01})
+    with pytest.raises(ProtocolError, match="not UTF-8 JSON"):
+        decode_message(b"{nope")
+    with pytest.raises(ProtocolError, match="version"):
+        decode_message(json.dumps({**json.loads(msg.encode()), "v": 9}).encode())
+    with pytest.raises(ProtocolError, match="unknown message type"):
+        decode_message(json.dumps({**json.loads(msg.encode()), "type": "hack"}).encode())
+    with pytest.raises(ProtocolError, match="'round'"):
+        decode_message(json.dumps({**json.loads(msg.encode()), "round": "3"}).encode())
+    with pytest.raises(ProtocolError, match="binary frame"):
+        decode_message(_frames(np.zeros(4, np.float32))[0])
+
+
+def test_weights_survive_chunked_frames_exactly() -> None:
+    w = np.random.default_rng(0).normal(size=10_000).astype(np.float32)
+    frames = _frames(w, max_chunk=7_000)
+    assert len(frames) == 6  # 40,000 bytes in 7,000-byte chunks
+    r = Reassembler()
+    out = [r.add(f) for f in reversed(frames)]  # any arrival order
+    payload = next(p for p in out if p is not None)
+    np.testing.assert_array_equal(payload.array, w)
+    assert payload.header.sender == "dev001" and payload.header.round == 3
+    assert check_weights(payload, 10_000).dtype == np.float32
+
+
+def _rebuild(frame: bytes, **changes: object) -> bytes:
+    (n,) = struct.unpack("<I", frame[4:8])
+    header = json.loads(frame[8 : 8 + n])
+    header.update(changes)
+    head = json.dumps(header).encode()
+    return MAGIC + struct.pack("<I", len(head)) + head + frame[8 + n :]
+
+
+def test_bad_frames_are_refused_with_the_reason() -> None:
+    w = np.arange(100, dtype=np.float32)
+    (frame,) = _frames(w, max_chunk=10_000)
+    with pytest.raises(ProtocolError, match="magic"):
+        parse_frame(b"XXXX" + frame[4:])
+    with pytest.raises(ProtocolError, match="truncated"):
+        parse_frame(frame[:20])
+    with pytest.raises(ProtocolError, match="truncated"):
+        Reassembler().add(frame[:-10])
+    with pytest.raises(ProtocolError, match="exceeds"):
+        parse_frame(frame, max_frame=100)
+    with pytest.raises(ProtocolError, match="sha256"):
+        Reassembler().add(frame[:-4] + b"\0\0\0\0")
+    with pytest.raises(ProtocolError, match="dtype"):
+        parse_frame(_rebuild(frame, dtype="float64"))
+    with pytest.raises(ProtocolError, match="does not hold"):
+        parse_frame(_rebuild(frame, shape=[99]))
+    with pytest.raises(ProtocolError, match="kind"):
+        parse_frame(_rebuild(frame, kind="pickle"))
+    with pytest.raises(ProtocolError, match="exceeds"):
+        Reassembler(max_bytes=100).add(frame)
+
+
+def test_weights_with_the_wrong_length_dtype_or_nan_are_refused() -> None:
+    r = Reassembler()
+    good = r.add(_frames(np.zeros(10, np.float32))[0])
+    assert good is not None
+    with pytest.raises(ProtocolError, match="model has 11"):
+        check_weights(good, 11)
+    nan = np.zeros(10, np.float32)
+    nan[3] = np.nan
+    bad = r.add(_frames(nan)[0])
+    assert bad is not None
+    with pytest.raises(ProtocolError, match="NaN"):
+        check_weights(bad, 10)
+    raw = r.add(
+        list(encode_frames(np.zeros(10, np.uint8), kind="artifact", run="r", round=0, group=0, sender="server"))[0]
+    )
+    assert raw is not None
+    with pytest.raises(ProtocolError, match="float32"):
+        check_weights(raw, 10)
+    assert hashlib.sha256(np.zeros(10, np.float32).tobytes()).hexdigest() == good.header.sha256

@@ -1,0 +1,98 @@
+"""Fixtures for tests over a real broker: mosquitto from the repo config, agent fleets."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.data import Dataset, read_leaf
+from device.mqtt import MqttLink
+from device.protocol import Topics, decode_message, parse_frame
+
+
+@pytest.fixture(scope="session")
+def broker():
+    from server.broker import start_mosquitto
+
+    with start_mosquitto() as handle:
+        yield handle
+
+
+@pytest.fixture(scope="session")
+def femnist_eval() -> Dataset:
+    from covey.paths import femnist_dir
+
+    test = read_leaf(femnist_dir() / "test")
+    return Dataset(np.concatenate([d.x for d in test.values()]), np.concatenate([d.y for d in test.values()]))
+
+
+@dataclass
+class Observer:
+    """Subscribes to covey/<run>/# and checks that every message is one the protocol defines."""
+
+    link: MqttLink
+    topics: Topics
+    seen: list[tuple[str, bytes]] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            item = self.link.receive(0.2)
+            if item is not None:
+                self.seen.append((item.topic, item.payload))
+                self.check(item.topic, item.payload)
+
+    def check(self, topic: str, payload: bytes) -> None:
+        rest = topic[len(self.topics.root) + 1 :]
+        try:
+            if rest.endswith("/frames") or rest.startswith("artifact/chunk/"):
+                parse_frame(payload)
+            elif rest.endswith("/status"):
+                assert payload in (b"online", b"offline"), payload
+            elif rest == "artifact/manifest" or rest.endswith("/assignment"):
+                json.loads(payload)
+            elif rest.endswith("/inbox") or rest in ("server/register", "server/results"):
+                decode_message(payload)
+            else:
+                raise AssertionError(f"topic outside the protocol: {topic}")
+        except Exception as exc:
+            self.problems.append(f"{topic}: {exc}")
+
+    def messages(self, suffix: str) -> list:  # type: ignore[type-arg]
+        return [decode_message(p) for t, p in self.seen if t.endswith(suffix)]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.link.close()
+
+
+@pytest.fixture
+def observe(broker) -> Iterator:  # type: ignore[type-arg]
+    observers: list[Observer] = []
+
+    def start(run: str) -> Observer:
+        topics = Topics(run)
+        link = MqttLink(f"observer-{run}", broker.host, broker.port, clean_session=True)
+        link.connect(10)
+        link.subscribe(topics.everything)
+        obs = Observer(link, topics)
+        threading.Thread(target=obs.run, daemon=True).start()
+        observers.append(obs)
+        return obs
+
+    yield start
+    for obs in observers:
+        obs.stop()
+
+
+def femnist_root() -> Path:
+    from covey.paths import femnist_dir
+
+    return femnist_dir()
