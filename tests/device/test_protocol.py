@@ -109,7 +109,7 @@ def test_weights_with_the_wrong_length_dtype_or_nan_are_refused() -> None:
     with pytest.raises(ProtocolError, match="NaN"):
         check_weights(bad, 10)
     raw = r.add(
-        list(encode_frames(np.zeros(10, np.uint8), kind="artifact", run="r", round=0, group=0, sender="server"))[0]
+        next(iter(encode_frames(np.zeros(10, np.uint8), kind="artifact", run="r", round=0, group=0, sender="server")))
     )
     assert raw is not None
     with pytest.raises(ProtocolError, match="float32"):
