@@ -69,9 +69,68 @@ def _cmd_strategies(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from covey.demo import run_local_demo
+    from covey.demo import run_demo
 
-    return run_local_demo(model_name=args.model, epochs=args.epochs, out_dir=Path(args.out), data_dir=args.data_dir)
+    return run_demo(
+        model_name=args.model,
+        rounds=args.rounds,
+        devices=args.devices,
+        out_dir=Path(args.out),
+        data_dir=args.data_dir,
+        broker=args.broker,
+    )
+
+
+def _cmd_server_run(args: argparse.Namespace) -> int:
+    from covey.paths import ensure_model
+    from device.cli import parse_broker
+    from server.serve import ServeOptions, serve
+    from server.simulation.config import parse_assignments
+
+    if args.broker:
+        host, port = parse_broker(args.broker)
+        handle = None
+    else:
+        from server.broker import start_mosquitto
+
+        handle = start_mosquitto(port=args.port)
+        host, port = handle.host, handle.port
+        print(f"started mosquitto on {host}:{port}")
+    try:
+        model_path = Path(args.model_path) if args.model_path else ensure_model(args.model)
+        serve(
+            ServeOptions(
+                run=args.run,
+                host=host,
+                port=port,
+                strategy=args.strategy,
+                strategy_params=parse_assignments(args.set),
+                model_path=model_path,
+                rounds=args.rounds,
+                min_devices=args.min_devices,
+                state_dir=Path(args.state_dir),
+                eval_dir=Path(args.eval_data) if args.eval_data else None,
+                epochs=args.epochs,
+                batch=args.batch,
+                lr=args.lr,
+                handoff=args.handoff,
+                deadline_s=args.deadline,
+                seed=args.seed,
+                register_timeout=args.register_timeout,
+                resume=args.resume,
+                advertise=args.advertise,
+            )
+        )
+    finally:
+        if handle is not None:
+            handle.stop()
+    return 0
+
+
+def _cmd_device_run(args: argparse.Namespace) -> int:
+    from device.cli import main as device_main
+
+    return device_main(args.device_args)
 
 
 def _simulation_config(args: argparse.Namespace) -> SimulationConfig:
@@ -239,12 +298,45 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("strategies", help="list the strategies")
     p.set_defaults(func=_cmd_strategies)
 
-    p = sub.add_parser("demo", help="run covey's demo on the bundled FEMNIST sample")
+    p = sub.add_parser("demo", help="a broker, the coordinator and 8 device agents running FedGSP over MQTT")
     p.add_argument("--model", default="mlp_femnist", help="zoo model (default: mlp_femnist)")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--out", default="runs/demo", help="where the plot and metrics go")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--broker", help="HOST:PORT of an existing broker (default: an embedded amqtt broker)")
+    p.add_argument("--out", default="runs/demo", help="where the plot, metrics and device logs go")
     p.add_argument("--data-dir", default=None, help="a LEAF FEMNIST folder with train/ and test/")
     p.set_defaults(func=_cmd_demo)
+
+    server = sub.add_parser("server", help="the coordinator")
+    server_sub = server.add_subparsers(dest="server_command", required=True, metavar="ACTION")
+    p = server_sub.add_parser("run", help="run a strategy over MQTT devices")
+    p.add_argument("--strategy", default="fedgsp", help="strategy name (see `covey strategies`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategy parameter")
+    p.add_argument("--model", default="mlp_femnist", help="zoo model, built if needed")
+    p.add_argument("--model-path", help="a .tflite with its manifest (instead of --model)")
+    p.add_argument("--broker", help="HOST:PORT of the broker (default: start mosquitto here)")
+    p.add_argument("--port", type=int, help="port for the mosquitto this command starts")
+    p.add_argument("--run", default="site", help="run id (topics live under covey/<run>/)")
+    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--min-devices", type=int, required=True, help="devices to wait for before round 1")
+    p.add_argument("--register-timeout", type=float, default=600.0)
+    p.add_argument("--eval-data", help="held-out LEAF data (a folder with test/, or a test folder)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch", type=int, default=5)
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--handoff", choices=["auto", "direct", "relay", "mixed"], default="auto")
+    p.add_argument("--deadline", type=float, default=120.0, help="seconds a device may take per task")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--state-dir", default="runs/server", help="checkpoints, metrics and the plot")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument("--advertise", action="store_true", help="announce the run with zeroconf")
+    p.set_defaults(func=_cmd_server_run)
+
+    device = sub.add_parser("device", help="the device agent (same as covey-device)")
+    device_sub = device.add_subparsers(dest="device_command", required=True, metavar="ACTION")
+    p = device_sub.add_parser("run", help="run the agent; options as for covey-device", add_help=False)
+    p.add_argument("device_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_device_run)
     return parser
 
 

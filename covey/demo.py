@@ -1,77 +1,82 @@
-"""``covey demo``: train a zoo model with the LiteRT runtime on the FEMNIST sample.
+"""``covey demo``: a whole covey site on one machine.
 
-Until the MQTT runtime lands this is a local run: the writers' data sets are visited
-one after another each epoch (a single sequential chain, as in FedGSP's STP with one
-group), through the same ``train`` signature a board runs.
+An embedded amqtt broker (or ``--broker HOST:PORT``), the coordinator, and 8 device
+agents as separate processes, each holding one FEMNIST writer's data from the bundled
+LEAF sample, run FedGSP for 10 rounds over MQTT. Progress bars show registration and
+rounds; the demo ends with the server-side accuracy and a plot.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
-import numpy as np
+from device.errors import ConfigError
 
 
-def run_local_demo(model_name: str, epochs: int, out_dir: Path, data_dir: str | None) -> int:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from tqdm import tqdm
-
+def run_demo(
+    *,
+    model_name: str,
+    rounds: int,
+    devices: int,
+    out_dir: Path,
+    data_dir: str | None,
+    broker: str | None,
+) -> int:
     from covey.paths import ensure_model, femnist_dir
-    from device.data import read_leaf
-    from device.runtime import TFLiteModel
+    from server.broker import start_embedded
+    from server.fleet import leaf_writers, start_fleet
+    from server.serve import ServeOptions, serve
 
-    root = Path(data_dir) if data_dir else femnist_dir()
-    train = read_leaf(root / "train")
-    test = read_leaf(root / "test")
-    x_test = np.concatenate([d.x for d in test.values()])
-    y_test = np.concatenate([d.y for d in test.values()])
-    print(
-        f"FEMNIST sample: {len(train)} writers, {sum(len(d) for d in train.values())} train / "
-        f"{len(y_test)} test samples"
-    )
-    print(f"building or loading {model_name} ...")
-    model = TFLiteModel(ensure_model(model_name))
-    print(f"{model_name}: {model.n_params:,} parameters, interpreter {model.backend.name} {model.backend.version}")
-
-    rng = np.random.default_rng(0)
-    history: list[dict[str, float]] = []
     start = time.perf_counter()
-    first = model.evaluate(x_test, y_test)
-    history.append({"epoch": 0, "test_accuracy": first.accuracy, "test_loss": first.loss})
-    writers = list(train)
-    for epoch in range(1, epochs + 1):
-        order = rng.permutation(len(writers))
-        losses, seen = 0.0, 0
-        for i in tqdm(order, desc=f"epoch {epoch}/{epochs}", unit="writer"):
-            data = train[writers[i]]
-            result = model.train(data.x, data.y, epochs=1, batch_size=5, lr=0.01, seed=rng)
-            losses += result.mean_loss * len(data)
-            seen += len(data)
-        ev = model.evaluate(x_test, y_test)
-        history.append(
-            {"epoch": epoch, "test_accuracy": ev.accuracy, "test_loss": ev.loss, "train_loss": losses / seen}
-        )
-        print(f"epoch {epoch}: train loss {losses / seen:.3f}, test accuracy {ev.accuracy:.2%}")
-
+    root = Path(data_dir) if data_dir else femnist_dir()
+    print(f"building or loading the {model_name} model ...", flush=True)
+    model_path = ensure_model(model_name)
+    handle = None
+    if broker:
+        host, _, port_text = broker.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise ConfigError(f"--broker must be HOST:PORT, got {broker!r}")
+        port = int(port_text)
+    else:
+        handle = start_embedded()
+        host, port = handle.host, handle.port
+        print(f"embedded MQTT broker (amqtt) on {host}:{port}", flush=True)
+    run = f"demo{int(time.time()) % 100000}"
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "metrics.json").write_text(json.dumps(history, indent=2) + "\n")
-    fig, ax = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax[0].plot([h["epoch"] for h in history], [100 * h["test_accuracy"] for h in history], marker="o")
-    ax[0].set(xlabel="epoch", ylabel="test accuracy (%)", title=f"{model_name} on FEMNIST sample")
-    ax[1].plot([h["epoch"] for h in history], [h["test_loss"] for h in history], marker="o", label="test")
-    ax[1].plot([h["epoch"] for h in history[1:]], [h["train_loss"] for h in history[1:]], marker="o", label="train")
-    ax[1].set(xlabel="epoch", ylabel="loss")
-    ax[1].legend()
-    fig.tight_layout()
-    fig.savefig(out_dir / "demo.png", dpi=120)
-    plt.close(fig)
+    try:
+        writers = leaf_writers(root, devices)
+        with start_fleet(
+            root, writers, run=run, host=host, port=port, log_dir=out_dir / "device-logs", idle_timeout=300
+        ):
+            print(f"{devices} device agents started (one FEMNIST writer each), run {run}", flush=True)
+            coord = serve(
+                ServeOptions(
+                    run=run,
+                    host=host,
+                    port=port,
+                    strategy="fedgsp",
+                    strategy_params={"growth": "log", "alpha": 1.0, "beta": 2, "kappa": 1.0},
+                    model_path=model_path,
+                    rounds=rounds,
+                    min_devices=devices,
+                    state_dir=out_dir,
+                    eval_dir=root,
+                    epochs=1,
+                    batch=5,
+                    lr=0.01,
+                    handoff="auto",
+                    deadline_s=60.0,
+                    register_timeout=120.0,
+                )
+            )
+    finally:
+        if handle is not None:
+            handle.stop()
+    last = coord.metrics[-1]
     print(
-        f"final test accuracy {history[-1]['test_accuracy']:.2%} after {time.perf_counter() - start:.0f} s; "
-        f"plot {out_dir / 'demo.png'}, metrics {out_dir / 'metrics.json'}"
+        f"FedGSP over MQTT: {rounds} rounds, {devices} devices, server-side test accuracy "
+        f"{coord.metrics[0].test_accuracy:.1%} -> {last.test_accuracy:.1%} in {time.perf_counter() - start:.0f} s"
     )
+    print(f"plot {out_dir / 'accuracy.png'}, metrics {out_dir / 'metrics.csv'}, device logs {out_dir / 'device-logs'}")
     return 0
