@@ -118,9 +118,12 @@ def serve(opts: ServeOptions, *, progress: bool = True) -> Coordinator:
         from tqdm import tqdm
 
         with tqdm(total=opts.min_devices, desc="devices registered", unit="device", disable=not progress) as bar:
-            coord.wait_for_devices(
-                opts.min_devices, opts.register_timeout, progress=lambda n: setattr(bar, "n", n) or bar.refresh()
-            )
+
+            def registered(n: int) -> None:
+                bar.n = n
+                bar.refresh()
+
+            coord.wait_for_devices(opts.min_devices, opts.register_timeout, progress=registered)
         coord.measure_rtt()
         if not resumed:
             coord.setup_strategy()
