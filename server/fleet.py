@@ -60,14 +60,16 @@ def start_fleet(
     idle_timeout: float = 600.0,
     log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
+    device_ids: list[str] | None = None,
 ) -> Fleet:
-    """One agent process per writer, its data read from the LEAF folder."""
+    """One agent process per writer, its data read from the LEAF folder. Devices are
+    named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise."""
     fleet = Fleet(workdir=tempfile.TemporaryDirectory(prefix="covey-fleet-"))
     assert fleet.workdir is not None
     base = Path(fleet.workdir.name)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **(extra_env or {})}
     for i, writer in enumerate(writers):
-        device_id = f"dev{i:03d}"
+        device_id = device_ids[i] if device_ids else f"dev{i:03d}"
         log = (log_dir or base) / f"{device_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         cmd = [

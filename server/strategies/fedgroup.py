@@ -78,6 +78,9 @@ class FedGroup(GroupModelStrategy):
             raise StrategyError(f"{len(ids)} clients cannot seed {self.n_groups} groups")
         chosen = [ids[i] for i in sorted(self.rng.choice(len(ids), size=n_pre, replace=False))]
         updates = ctx.pretrain(chosen, self.initial_weights, self.pretrain_steps)
+        chosen = [c for c in chosen if c in updates]  # devices that missed the deadline stay cold
+        if len(chosen) < self.n_groups:
+            raise StrategyError(f"only {len(chosen)} clients returned pre-training updates; {self.n_groups} needed")
         matrix = np.stack([updates[c] for c in chosen]).astype(np.float32, copy=False)
         labels = cold_start_groups(matrix, self.n_groups, measure=self.measure, random_state=self.rng)
         self.directions = group_directions(matrix, labels, self.n_groups)
@@ -94,7 +97,8 @@ class FedGroup(GroupModelStrategy):
         updates = ctx.pretrain(list(clients), self.initial_weights, self.pretrain_steps)
         counts = ctx.class_counts(list(clients))
         for c in clients:
-            self.assignment[c] = assign_newcomer(updates[c], self.directions)
+            if c in updates:  # a client that did not answer stays cold and is tried again later
+                self.assignment[c] = assign_newcomer(updates[c], self.directions)
             self.grouped_counts[c] = counts[c]
 
     def _migrate(self, chosen: Sequence[str], ctx: RoundContext) -> list[str]:

@@ -1,0 +1,117 @@
+"""Every grouping method runs over MQTT with real agent processes."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.fleet import leaf_writers, start_fleet
+from server.strategies import make_strategy
+from server.strategies.base import TrainConfig
+from tests.mqtt.conftest import femnist_root
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
+
+
+def _coordinator(broker, eval_data, tmp: Path, run: str, strategy) -> Coordinator:  # type: ignore[no-untyped-def]
+    from covey.paths import ensure_model
+
+    coord = Coordinator(
+        CoordinatorConfig(run, broker.host, broker.port, tmp / run, deadline_s=60.0, seed=1),
+        strategy,
+        ensure_model("mlp_femnist"),
+        eval_data,
+    )
+    coord.connect()
+    return coord
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("dsc", {"clients_per_round": 6}),
+        ("fedgroup", {"n_groups": 2, "clients_per_round": 6, "alpha": 3, "pretrain_steps": 10}),
+        ("fedavg_ic", {"n_groups": 2, "tau1": 10}),
+        ("ifca", {"n_groups": 2, "clients_per_round": 6}),
+    ],
+)
+def test_method_runs_over_mqtt(broker, femnist_eval, tmp_path, name: str, params: dict) -> None:  # type: ignore[type-arg]
+    root = femnist_root()
+    run = f"m-{name.replace('_', '')}"
+    with start_fleet(
+        root, leaf_writers(root, 6), run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "logs"
+    ):
+        coord = _coordinator(broker, femnist_eval, tmp_path, run, make_strategy(name, train=TRAIN, **params))
+        coord.wait_for_devices(6, 120)
+        coord.measure_rtt()
+        coord.setup_strategy()
+        metrics = [coord.step() for _ in range(3)]
+        coord.stop_devices()
+        time.sleep(0.3)
+        coord.close()
+
+    assert all(m.trained == m.participants > 0 and not m.dropped for m in metrics)
+    assert metrics[-1].test_loss < metrics[0].test_loss  # learning (accuracy wobbles in 3 rounds of 6 writers)
+    assert metrics[-1].test_accuracy > 2 / 62
+    if name == "fedavg_ic":
+        assert coord.distance_matrix() is not None  # grouped with measured RTTs
+        assert len(coord.strategy.group_models) == 2
+
+
+def test_flexcfl_over_mqtt_with_a_newcomer_and_a_migration(broker, femnist_eval, tmp_path) -> None:
+    root = femnist_root()
+    run = "m-flexcfl"
+    writers = leaf_writers(root, 8)
+    strategy = make_strategy(
+        "flexcfl", train=TRAIN, n_groups=2, clients_per_round=5, alpha=2, pretrain_steps=10, warmup="none"
+    )
+    first = [f"dev{i:03d}" for i in range(5)]
+    with start_fleet(
+        root, writers[:5], run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "a", device_ids=first
+    ) as fleet:
+        coord = _coordinator(broker, femnist_eval, tmp_path, run, strategy)
+        coord.wait_for_devices(5, 120)
+        coord.setup_strategy()
+        coord.step()  # group cold start, every client selected
+        assert set(strategy.assignment) == set(first)
+
+        # a newcomer registers mid-run and is cold-started when first selected
+        with start_fleet(
+            root,
+            [writers[5]],
+            run=run,
+            host=broker.host,
+            port=broker.port,
+            log_dir=tmp_path / "b",
+            device_ids=["dev005"],
+        ):
+            coord.wait_for_devices(6, 120)
+            # dev001 restarts holding another writer's data: its label histogram moved
+            fleet.processes[1].terminate()
+            fleet.processes[1].wait(10)
+            moved_counts = coord.devices["dev001"].info.class_counts.copy()
+            with start_fleet(
+                root,
+                [writers[6]],
+                run=run,
+                host=broker.host,
+                port=broker.port,
+                log_dir=tmp_path / "c",
+                device_ids=["dev001"],
+            ):
+                deadline = time.monotonic() + 60
+                while (coord.devices["dev001"].info.class_counts == moved_counts).all() and time.monotonic() < deadline:
+                    coord.pump(0.2)
+                strategy.sampler.k = 6
+                metrics = coord.step()
+                coord.stop_devices()
+                time.sleep(0.3)
+        coord.close()
+
+    assert "dev005" in strategy.assignment  # the newcomer joined a group (FedGroup Eq. 9)
+    assert strategy.migrations >= 1 and metrics.extra["migrated"] >= 1  # dev001 was cold-started again
+    assert metrics.trained == 6 and not metrics.dropped
