@@ -89,7 +89,7 @@ class Agent:
         self.stats = AgentStats()
         self.model: TFLiteModel | None = None
         self.manifest_raw: dict[str, Any] | None = None
-        self._chunks: dict[int, bytes] = {}
+        self._chunks: dict[int, memoryview] = {}
         self._frames = Reassembler()
         self._waiting: dict[str, _Task] = {}  # task id -> train/pretrain/evaluate waiting for model frames
         self._eval_models: dict[str, dict[int, np.ndarray]] = {}

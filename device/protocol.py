@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import struct
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -213,11 +214,12 @@ def encode_frames(
     dtype = next((name for name, t in DTYPES.items() if arr.dtype == t), None)
     if dtype is None:
         raise ProtocolError(f"dtype {arr.dtype} cannot travel in a frame (float32 or uint8)")
-    data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+        arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
+    data = memoryview(arr.reshape(-1).view(np.uint8).data)  # no copy: frames are cut from the array itself
     digest = hashlib.sha256(data).hexdigest()
     n_chunks = max(1, math.ceil(len(data) / max_chunk))
     mid = msg_id or uuid.uuid4().hex[:16]
-    view = memoryview(data)
     for i in range(n_chunks):
         header = {
             "kind": kind,
@@ -235,10 +237,10 @@ def encode_frames(
             "extra": extra or {},
         }
         head = json.dumps(header, separators=(",", ":")).encode()
-        yield MAGIC + struct.pack("<I", len(head)) + head + view[i * max_chunk : (i + 1) * max_chunk]
+        yield b"".join((MAGIC, struct.pack("<I", len(head)), head, data[i * max_chunk : (i + 1) * max_chunk]))
 
 
-def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameHeader, bytes]:
+def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameHeader, memoryview]:
     """Split and validate one frame; raises :class:`ProtocolError` naming the problem."""
     if len(frame) > max_frame:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {max_frame}-byte limit")
@@ -278,7 +280,7 @@ def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameH
     item = np.dtype(DTYPES[header.dtype]).itemsize
     if any(d < 0 for d in header.shape) or math.prod(header.shape) * item != header.nbytes:
         raise ProtocolError(f"shape {header.shape} of {header.dtype} does not hold {header.nbytes} bytes")
-    return header, frame[8 + head_len :]
+    return header, memoryview(frame)[8 + head_len :]  # the payload chunk, not copied
 
 
 class Reassembler:
@@ -290,7 +292,7 @@ class Reassembler:
 
     def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_pending: int = 16) -> None:
         self.max_bytes, self.max_pending = max_bytes, max_pending
-        self._parts: dict[str, tuple[FrameHeader, dict[int, bytes], float]] = {}
+        self._parts: dict[str, tuple[FrameHeader, dict[int, memoryview], float]] = {}
 
     def add(self, frame: bytes) -> Payload | None:
         header, chunk = parse_frame(frame)
@@ -310,7 +312,7 @@ class Reassembler:
         if len(parts) < header.n_chunks:
             return None
         self._parts.pop(header.msg_id, None)
-        data = b"".join(parts[i] for i in range(header.n_chunks))
+        data = parts[0] if header.n_chunks == 1 else memoryview(b"".join(parts[i] for i in range(header.n_chunks)))
         if len(data) != header.nbytes:
             raise ProtocolError(f"reassembled {len(data)} bytes, header says {header.nbytes} (truncated chunk)")
         if hashlib.sha256(data).hexdigest() != header.sha256:
