@@ -7,8 +7,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-lanes = ["coordinator /\ngroup manager", "broker", "device A\n(position 0)", "device B\n(position 1)",
-         "device C\n(position 2)"]
+lanes = [
+    "coordinator /\ngroup manager",
+    "broker",
+    "device A\n(position 0)",
+    "device B\n(position 1)",
+    "device C\n(position 2)",
+]
 x = {name: i * 2.2 for i, name in enumerate(lanes)}
 steps = [
     ("coordinator /\ngroup manager", "device A\n(position 0)", "train requests (inbox) to A, B, C", "k"),
