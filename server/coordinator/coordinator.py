@@ -52,6 +52,7 @@ class CoordinatorConfig:
     seed: int = 0
     max_chunk: int = 900_000
     relay_rtt_ms: float = 250.0
+    federated_eval_every: int = 0  # evaluate on the devices' own test sets every N rounds (0: never)
     username: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
@@ -391,6 +392,22 @@ class Coordinator:
         ev = self.model.evaluate(self.eval_data.x, self.eval_data.y)
         return ev.accuracy, ev.loss
 
+    def federated_evaluate(self) -> tuple[float, float]:
+        """Weighted accuracy and loss of each device's current model on its own test set."""
+        by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
+        for d in self.ready_devices():
+            m = self.strategy.model_for(d)
+            by_model.setdefault(id(m), (m, []))[1].append(d)
+        correct = loss = n = 0.0
+        for model, devices in by_model.values():
+            replies = self._request_with_models("evaluate", devices, [model], {"n_models": 1, "split": "test"})
+            for reply in replies.values():
+                for row in reply.get("result", {}).get("evaluations", []):
+                    correct += float(row["correct"])
+                    loss += float(row["loss"]) * float(row["n"])
+                    n += float(row["n"])
+        return (correct / n, loss / n) if n else (float("nan"), float("nan"))
+
     def setup_strategy(self) -> None:
         initial = self.model.get_weights()
         self.strategy.setup(self.clients(), initial, self.rng)
@@ -404,6 +421,9 @@ class Coordinator:
         results = self._execute(plan)
         summary = self.strategy.aggregate(self.round, plan, results)
         acc, loss = self.evaluate()
+        extra = dict(summary.extra)
+        if self.cfg.federated_eval_every and self.round % self.cfg.federated_eval_every == 0:
+            extra["federated_accuracy"], extra["federated_loss"] = self.federated_evaluate()
         handoffs: dict[str, int] = {}
         for m in self._managers:
             if m.plan.mode == "chain":
@@ -444,7 +464,14 @@ class Coordinator:
         d = self.cfg.state_dir
         tmp = d / "checkpoint.tmp"
         tmp.write_bytes(
-            pickle.dumps({"round": self.round, "strategy": self.strategy, "metrics": [asdict(m) for m in self.metrics]})
+            pickle.dumps(
+                {
+                    "round": self.round,
+                    "strategy": self.strategy,
+                    "devices": self.devices,
+                    "metrics": [asdict(m) for m in self.metrics],
+                }
+            )
         )
         tmp.replace(d / "checkpoint.pkl")
         (d / "metrics.json").write_text(json.dumps([asdict(m) for m in self.metrics], indent=1, default=float) + "\n")
@@ -455,6 +482,7 @@ class Coordinator:
             return False
         state = pickle.loads(path.read_bytes())  # our own file (see checkpoint())
         self.strategy, self.round = state["strategy"], int(state["round"])
+        self.devices.update(state.get("devices", {}))  # devices registered before the restart
         self.metrics = [RoundMetrics(**m) for m in state["metrics"]]
         self._started = True
         log.info("resumed from the checkpoint of round %d", self.round)

@@ -1,0 +1,114 @@
+"""Deadlines skip a silent device without losing the chain's model; checkpoints resume;
+devices evaluate the model on their own test sets."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from device.data import class_counts, read_leaf
+from device.mqtt import MqttLink
+from device.protocol import Message, Topics
+from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.fleet import leaf_writers, start_fleet
+from server.strategies import make_strategy
+from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
+from tests.mqtt.conftest import femnist_root
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
+
+
+def _register_ghost(broker, run: str, n_classes: int = 62) -> MqttLink:  # type: ignore[no-untyped-def]
+    """A device that registers and then never answers."""
+    link = MqttLink("ghost", broker.host, broker.port, clean_session=True)
+    link.connect(10)
+    counts = class_counts(next(iter(read_leaf(femnist_root() / "train").values())).y, n_classes)
+    body = {
+        "n_samples": int(counts.sum()),
+        "n_test": 0,
+        "class_counts": counts.tolist(),
+        "runtime": "ai_edge_litert",
+        "memory_mb": 100,
+        "direct": True,
+    }
+    link.publish(Topics(run).register, Message("register", run, "ghost", 0, body).encode(), wait=5)
+    return link
+
+
+@pytest.mark.parametrize("handoff", ["direct", "relay"])
+@pytest.mark.parametrize("ghost_position", [0, 2])
+def test_a_silent_device_is_skipped_and_the_chain_goes_on(
+    broker, femnist_eval, tmp_path, handoff, ghost_position
+) -> None:
+    from covey.paths import ensure_model
+
+    root = femnist_root()
+    run = f"ghost-{handoff}-{ghost_position}"
+    with start_fleet(
+        root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "logs"
+    ):
+        strategy = make_strategy("fedgsp", train=TRAIN, beta=1, kappa=1.0, growth="linear", alpha=0.0)
+        coord = Coordinator(
+            CoordinatorConfig(run, broker.host, broker.port, tmp_path / "state", handoff=handoff, deadline_s=4.0),
+            strategy,
+            ensure_model("mlp_femnist"),
+            femnist_eval,
+        )
+        coord.connect()
+        ghost = _register_ghost(broker, run)
+        coord.wait_for_devices(5, 120)
+        coord.setup_strategy()
+        members = [f"dev{i:03d}" for i in range(4)]
+        members.insert(ghost_position, "ghost")
+        start = strategy.global_weights.copy()
+        plan = RoundPlan(1, (GroupPlan(0, tuple(members), "chain", "global"),), {"global": start}, TRAIN)
+        coord.round = 1
+        (result,) = coord._execute(plan)
+        coord.stop_devices()
+        ghost.close()
+        coord.close()
+
+    assert result.skipped == ("ghost",)
+    assert [m.client_id for m in result.members] == [m for m in members if m != "ghost"]
+    assert result.final_weights is not None
+    assert not np.array_equal(result.final_weights, start)  # the four real devices' work survived
+
+
+def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, femnist_eval, tmp_path) -> None:
+    from covey.paths import ensure_model
+
+    root = femnist_root()
+    run = "resume"
+    model = ensure_model("mlp_femnist")
+    config = CoordinatorConfig(
+        run, broker.host, broker.port, tmp_path / "state", deadline_s=60.0, federated_eval_every=1
+    )
+    with start_fleet(
+        root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "logs"
+    ):
+        first = Coordinator(config, make_strategy("fedavg", train=TRAIN, clients_per_round=4), model, femnist_eval)
+        first.connect()
+        first.wait_for_devices(4, 120)
+        first.setup_strategy()
+        first.step()
+        first.step()
+        weights = first.strategy.global_weights.copy()
+        first.close()  # the server "crashes" after round 2
+
+        second = Coordinator(config, make_strategy("fedavg", train=TRAIN, clients_per_round=4), model, femnist_eval)
+        second.connect()
+        assert second.resume()
+        assert second.round == 2
+        np.testing.assert_array_equal(second.strategy.global_weights, weights)
+        second.wait_for_devices(4, 60)
+        metrics = second.step()
+        second.stop_devices()
+        time.sleep(0.3)
+        second.close()
+
+    assert metrics.round == 3 and metrics.trained == 4
+    assert [m.round for m in second.metrics] == [1, 2, 3]
+    assert 0 < metrics.extra["federated_accuracy"] <= 1
