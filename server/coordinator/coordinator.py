@@ -440,7 +440,7 @@ class Coordinator:
             handoffs,
             dict(self._dropped),
             time.monotonic() - start,
-            dict(summary.extra),
+            extra,
         )
         self.metrics.append(metrics)
         self.checkpoint()
