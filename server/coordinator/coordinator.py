@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import pickle
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,6 +34,7 @@ from device.protocol import (
     encode_frames,
 )
 from device.runtime import TFLiteModel
+from server.coordinator import checkpoint
 from server.coordinator.manager import GroupManager
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
@@ -458,29 +458,23 @@ class Coordinator:
 
     # -- checkpoints ----------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Round, registry, metrics and the strategy's state, written atomically. The
-        strategy is pickled to a local file the server itself wrote; nothing from the
-        network is ever unpickled."""
+        """Round, registry, metrics and the strategy's state (JSON + npz, no pickle)."""
         d = self.cfg.state_dir
-        tmp = d / "checkpoint.tmp"
-        tmp.write_bytes(
-            pickle.dumps(
-                {
-                    "round": self.round,
-                    "strategy": self.strategy,
-                    "devices": self.devices,
-                    "metrics": [asdict(m) for m in self.metrics],
-                }
-            )
+        checkpoint.save(
+            {
+                "round": self.round,
+                "strategy": self.strategy,
+                "devices": self.devices,
+                "metrics": [asdict(m) for m in self.metrics],
+            },
+            d,
         )
-        tmp.replace(d / "checkpoint.pkl")
         (d / "metrics.json").write_text(json.dumps([asdict(m) for m in self.metrics], indent=1, default=float) + "\n")
 
     def resume(self) -> bool:
-        path = self.cfg.state_dir / "checkpoint.pkl"
-        if not path.exists():
+        state = checkpoint.load(self.cfg.state_dir)
+        if state is None:
             return False
-        state = pickle.loads(path.read_bytes())  # our own file (see checkpoint())
         self.strategy, self.round = state["strategy"], int(state["round"])
         self.devices.update(state.get("devices", {}))  # devices registered before the restart
         self.metrics = [RoundMetrics(**m) for m in state["metrics"]]

@@ -73,7 +73,7 @@ def test_fedgsp_over_mqtt_with_12_agents(broker, femnist_eval, observe, tmp_path
     assert observer.problems == []
     assert len(observer.seen) > 100
     assert all(not m.dropped for m in coord.metrics)
-    assert (tmp_path / "state-e2e" / "checkpoint.pkl").exists()
+    assert (tmp_path / "state-e2e" / "checkpoint.json").exists()
 
 
 def test_direct_and_relayed_hand_offs_give_the_same_model(broker, femnist_eval, tmp_path) -> None:

@@ -1,0 +1,50 @@
+"""Checkpoints round-trip every strategy's state without pickle, and refuse foreign ones."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from device.errors import ConfigError
+from server.coordinator import checkpoint
+from server.simulation.datasets import synthetic
+from server.simulation.engine import Simulation
+from server.strategies import make_strategy, strategy_names
+from server.strategies.base import TrainConfig
+from tests.server.strategies.test_strategies import SETTINGS
+
+TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
+
+
+@pytest.mark.parametrize("name", strategy_names())
+def test_strategy_state_round_trips_and_training_continues_identically(zoo_model, tmp_path, name: str) -> None:
+    fed = synthetic(1, 1, 20, seed=2)
+    params = {k: v for k, v in SETTINGS[name].items()}
+    a = Simulation(make_strategy(name, train=TRAIN, **params), fed, zoo_model("mclr_synthetic"), seed=3)
+    a.step()
+    a.step()
+    checkpoint.save({"round": 2, "strategy": a.strategy}, tmp_path)
+    restored = checkpoint.load(tmp_path)
+    assert restored is not None and restored["round"] == 2
+
+    # a fresh engine, as after a restart, continues with the restored strategy
+    b = Simulation(
+        make_strategy(name, train=TRAIN, **params), synthetic(1, 1, 20, seed=2), zoo_model("mclr_synthetic"), seed=3
+    )
+    b.strategy, b.rnd, b.seen = restored["strategy"], 2, set(a.seen)
+    ra, rb = a.step(), b.step()
+    assert ra.test_accuracy == rb.test_accuracy
+    np.testing.assert_array_equal(a.strategy.global_weights, b.strategy.global_weights)
+
+
+def test_foreign_or_broken_checkpoints_are_refused(tmp_path) -> None:
+    checkpoint.save({"x": np.arange(3)}, tmp_path)
+    (tmp_path / "checkpoint.json").write_text(json.dumps({"__obj__": "os:system", "state": {"__dict__": []}}))
+    with pytest.raises(ConfigError, match="outside covey"):
+        checkpoint.load(tmp_path)
+    (tmp_path / "checkpoint.json").write_text("{broken")
+    with pytest.raises(ConfigError, match="cannot be read"):
+        checkpoint.load(tmp_path)
+    assert checkpoint.load(tmp_path / "nowhere") is None
