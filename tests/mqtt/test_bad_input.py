@@ -116,10 +116,16 @@ def test_coordinator_and_agents_drop_bad_input_and_finish(broker, femnist_eval, 
             rogue.publish(topics.inbox("dev000"), Message("train", run, "dev003", 1, {"task_id": "t"}).encode())
             rogue.publish(topics.inbox("dev000"), b"\x00\x01garbage")
 
+        first = coord.step()
         attacker = threading.Thread(target=attack)
         attacker.start()
-        metrics = [coord.step() for _ in range(2)]
         attacker.join()
+        drain_until = time.monotonic() + 5.0  # let every rogue message reach the coordinator
+        while time.monotonic() < drain_until:
+            coord.pump(0.1)
+        between_rounds = dict(coord._dropped)
+        second = coord.step()
+        metrics = [first, second]
         coord.stop_devices()
         time.sleep(0.5)
         coord.close()
@@ -127,7 +133,7 @@ def test_coordinator_and_agents_drop_bad_input_and_finish(broker, femnist_eval, 
         logs = "".join(p.read_text() for p in (tmp_path / "logs").glob("*.log"))
         assert len(fleet.device_ids) == 4
 
-    dropped = {}
+    dropped = dict(between_rounds)
     for m in metrics:
         for reason, n in m.dropped.items():
             dropped[reason] = dropped.get(reason, 0) + n
