@@ -7,12 +7,27 @@ from collections.abc import Sequence
 import numpy as np
 
 from server.aggregation.fedavg import weighted_average
-from server.strategies.base import GroupPlan, GroupResult, RoundContext, RoundPlan, Strategy, TrainConfig, returned
+from server.strategies.base import (
+    ClientInfo,
+    GroupPlan,
+    GroupResult,
+    RoundContext,
+    RoundPlan,
+    Strategy,
+    TrainConfig,
+    returned,
+)
 from server.strategies.fedavg import ClientSampler
 
 
 class GroupModelStrategy(Strategy):
-    """Group models plus a client -> group assignment; clients use their group's model."""
+    """Group models plus a client -> group assignment; clients use their group's model.
+
+    ``distinct_starts``: start every group model as a distinct perturbation of the
+    initial model (IFCA and FeSEM; their papers initialise cluster models independently).
+    """
+
+    distinct_starts = False
 
     def __init__(self, n_groups: int, clients_per_round: int, train: TrainConfig | None, warmup: str = "none") -> None:
         super().__init__(train)
@@ -20,6 +35,12 @@ class GroupModelStrategy(Strategy):
         self.sampler = ClientSampler(clients_per_round, warmup)
         self.group_models: list[np.ndarray] = []
         self.assignment: dict[str, int] = {}
+
+    def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
+        super().setup(clients, initial_weights, rng)
+        if self.distinct_starts:
+            assert self.global_weights is not None
+            self.group_models = perturbed_copies(self.global_weights, self.n_groups, rng)
 
     def model_for(self, client_id: str) -> np.ndarray:
         g = self.assignment.get(client_id)

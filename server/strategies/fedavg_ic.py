@@ -64,19 +64,30 @@ class FedAvgIC(GroupModelStrategy):
         return sorted(self.clients) if self.all_clients else self.sampler.select(rnd, list(self.clients), self.rng)
 
     def _group(self, ctx: RoundContext) -> None:
+        """NODE_GROUPING over the measured distances. With α_iid = 0 (HierFAVG) only the
+        network counts, and without distances the nodes are split at random."""
         ids = sorted(self.clients)
-        dist = ctx.distance_matrix()
-        if dist is None:
-            dist = np.zeros((len(ids), len(ids)))
+        k = min(self.n_groups, len(ids))
+        measured = ctx.distance_matrix()
+        has_dist = measured is not None and bool(measured.any())
+        dist = measured if measured is not None and has_dist else np.zeros((len(ids), len(ids)))
+        if self.alpha_iid == 0 and not has_dist:
+            labels = np.empty(len(ids), np.int64)
+            for g, members in enumerate(random_groups(len(ids), k, self.rng)):
+                labels[members] = g
+            self._set_groups(ids, labels)
+            return
+        assert self.global_weights is not None
         n = np.array([self.clients[c].n_samples for c in ids], np.float64)
-        grads = np.stack([-self._first_updates.get(c, np.zeros_like(self.global_weights)) for c in ids])
+        zero = np.zeros_like(self.global_weights)
+        grads = np.stack([-self._first_updates.get(c, zero) for c in ids]).astype(np.float32)
         res = fedavg_ic_groups(
-            grads.astype(np.float32),
+            grads,
             n,
             dist,
-            min(self.n_groups, len(ids)),
+            k,
             alpha_iid=self.alpha_iid,
-            alpha_comm=self.alpha_comm if dist.any() else 0.0,
+            alpha_comm=self.alpha_comm if has_dist else 0.0,
             random_state=self.rng,
         )
         self._set_groups(ids, res.labels)
@@ -89,8 +100,8 @@ class FedAvgIC(GroupModelStrategy):
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         assert self.global_weights is not None
         chosen = self._chosen(rnd)
-        if not self.assignment and rnd > 1:
-            self._group(ctx)
+        if not self.assignment and (rnd > 1 or self.alpha_iid == 0):
+            self._group(ctx)  # the IID cost needs round 1's updates; the network alone does not
         if not self.assignment:  # round 1: ungrouped, one local pass, then global aggregation
             return RoundPlan(
                 rnd, (GroupPlan(0, tuple(chosen), "parallel", "global"),), {"global": self.global_weights}, self.train
@@ -120,9 +131,6 @@ class FedAvgIC(GroupModelStrategy):
             {"global_aggregation": float(is_global)},
         )
 
-    def model_for(self, client_id: str) -> np.ndarray:
-        return super().model_for(client_id)
-
 
 class HierFAVG(FedAvgIC):
     summary = "HierFAVG: groups by network edge / RTT, τ1/τ2 hierarchy (Liu et al. 2020)"
@@ -137,27 +145,3 @@ class HierFAVG(FedAvgIC):
         tau2: int = 2,
     ) -> None:
         super().__init__(n_groups, clients_per_round, train, tau1, tau2, alpha_iid=0.0, alpha_comm=1.0)
-
-    def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
-        if not self.assignment:
-            ids = sorted(self.clients)
-            dist = ctx.distance_matrix()
-            k = min(self.n_groups, len(ids))
-            if dist is not None and dist.any():
-                res = fedavg_ic_groups(
-                    np.zeros((len(ids), 1), np.float32),
-                    np.ones(len(ids)),
-                    dist,
-                    k,
-                    alpha_iid=0.0,
-                    alpha_comm=1.0,
-                    random_state=self.rng,
-                )
-                labels = res.labels
-            else:
-                labels = np.empty(len(ids), np.int64)
-                for g, members in enumerate(random_groups(len(ids), k, self.rng)):
-                    labels[members] = g
-            self._set_groups(ids, labels)
-        plan = self.parallel_plan(rnd, self._chosen(rnd))
-        return RoundPlan(plan.round, plan.groups, plan.models, self._train_config())

@@ -23,12 +23,13 @@ from server.strategies.base import (
     mean_loss,
     returned,
 )
-from server.strategies.clustered import GroupModelStrategy, perturbed_copies
+from server.strategies.clustered import GroupModelStrategy
 
 
 class FeSEM(GroupModelStrategy):
     summary = "FeSEM: l2 stochastic EM over model centres (Xie et al. 2020)"
     name = "fesem"
+    distinct_starts = True
 
     def __init__(
         self, n_groups: int = 5, clients_per_round: int = 20, train: TrainConfig | None = None, warmup: str = "none"
@@ -37,8 +38,6 @@ class FeSEM(GroupModelStrategy):
 
     def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
         super().setup(clients, initial_weights, rng)
-        assert self.global_weights is not None
-        self.group_models = perturbed_copies(self.global_weights, self.n_groups, rng)
         ids = sorted(self.clients)
         start = rng.integers(self.n_groups, size=len(ids))
         self.start_group = {c: int(g) for c, g in zip(ids, start, strict=True)}

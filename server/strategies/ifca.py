@@ -7,11 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
-
 from server.grouping.baselines import ifca_assign
 from server.strategies.base import (
-    ClientInfo,
     GroupResult,
     RoundContext,
     RoundPlan,
@@ -19,22 +16,18 @@ from server.strategies.base import (
     TrainConfig,
     mean_loss,
 )
-from server.strategies.clustered import GroupModelStrategy, perturbed_copies
+from server.strategies.clustered import GroupModelStrategy
 
 
 class IFCA(GroupModelStrategy):
     summary = "IFCA: clients pick the group model with the lowest loss (Ghosh et al. 2020)"
     name = "ifca"
+    distinct_starts = True
 
     def __init__(
         self, n_groups: int = 5, clients_per_round: int = 20, train: TrainConfig | None = None, warmup: str = "none"
     ) -> None:
         super().__init__(n_groups, clients_per_round, train, warmup)
-
-    def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
-        super().setup(clients, initial_weights, rng)
-        assert self.global_weights is not None
-        self.group_models = perturbed_copies(self.global_weights, self.n_groups, rng)
 
     def _assign(self, clients: Sequence[str], ctx: RoundContext) -> None:
         labels = ifca_assign(ctx.losses(list(clients), self.group_models))

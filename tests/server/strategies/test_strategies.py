@@ -113,3 +113,28 @@ def test_more_clients_per_round_than_clients_is_refused(model) -> None:
     sim = Simulation(make_strategy("fedavg", clients_per_round=50), synthetic(1, 1, 10), model, seed=0)
     with pytest.raises(StrategyError, match="50 clients per round but only 10"):
         sim.step()
+
+
+def test_hierfavg_groups_by_network_from_the_first_round(model) -> None:
+    """HierFAVG needs no warm-up round: nodes near each other (RTT) form the groups."""
+    fed = synthetic(1, 1, 12, seed=6)
+    pos = np.repeat([0.0, 50.0, 100.0], 4)  # three sites of four devices
+    rtt = np.abs(pos[:, None] - pos[None, :])
+    strategy = make_strategy("hierfavg", train=TRAIN, n_groups=3, tau1=5)
+    sim = Simulation(strategy, fed, model, seed=0, distance=rtt)
+
+    sim.step()
+
+    ids = sorted(fed)
+    groups = [strategy.group_of(c) for c in ids]
+    assert [len(set(groups[i : i + 4])) for i in (0, 4, 8)] == [1, 1, 1]
+    assert len(set(groups)) == 3
+
+
+@pytest.mark.parametrize("name", ["ifca", "fesem"])
+def test_cluster_models_start_distinct(model, name: str) -> None:
+    strategy = make_strategy(name, train=TRAIN, n_groups=3, clients_per_round=5)
+    Simulation(strategy, synthetic(1, 1, 10, seed=1), model, seed=0)
+    models = strategy.group_models
+    assert len(models) == 3
+    assert not np.array_equal(models[0], models[1]) and not np.array_equal(models[1], models[2])
