@@ -13,7 +13,8 @@ esac
 "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' \
   || { echo "covey needs Python >= 3.10" >&2; exit 2; }
 SRC=$(cd "$(dirname "$0")/.." && pwd)
-sudo mkdir -p "$PREFIX" && sudo chown "$(id -u):$(id -g)" "$PREFIX"
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+mkdir -p "$PREFIX" 2>/dev/null || { $SUDO mkdir -p "$PREFIX" && $SUDO chown "$(id -u):$(id -g)" "$PREFIX"; }
 "$PY" -m venv "$PREFIX/venv"
 "$PREFIX/venv/bin/pip" install -q --upgrade pip
 "$PREFIX/venv/bin/pip" install -q "$SRC[device]"
