@@ -5,6 +5,11 @@ as JSON requests on ``device/<id>/inbox``; models arrive as frames on
 ``device/<id>/frames``. Every receive is validated before it acts; what is refused
 is logged with the reason and counted (``AgentStats``), and the loop goes on.
 
+A request may name *shared* models instead (``"shared": [key, ...]``): models the
+server published once, retained, for many devices. The device subscribes to them on
+the request, takes the retained frames the broker delivers, and unsubscribes as soon
+as no waiting task needs them.
+
 A train request names the device's place in its group (round, group, position), the
 sender it must accept a model from (its predecessor, or the server/manager), and
 where its result goes: the successor's frames topic (direct hand-off) or the group
@@ -94,6 +99,7 @@ class Agent:
         self._waiting: dict[str, _Task] = {}  # task id -> train/pretrain/evaluate waiting for model frames
         self._eval_models: dict[str, dict[int, np.ndarray]] = {}
         self._done_tasks: set[str] = set()
+        self._shared_subscribed: set[str] = set()
         self._last_output: np.ndarray | None = None
         self._last_output_task: dict[str, Any] | None = None
         self.running = True
@@ -197,6 +203,12 @@ class Agent:
             payload = self._frames.add(item.payload)
             if payload is not None:
                 self._on_model(payload)
+        elif item.topic.startswith(self.topics.shared_root):
+            if not item.payload:
+                return  # the server cleared a shared model it no longer needs
+            payload = self._frames.add(item.payload)
+            if payload is not None:
+                self._on_model(payload)
         else:
             self.stats.drop("unexpected topic")
 
@@ -256,7 +268,16 @@ class Agent:
             if task_id in self._done_tasks or task_id in self._waiting:
                 self.stats.drop("duplicate request")
                 return
+            shared = msg.body.get("shared", [])
+            if not isinstance(shared, list) or len(shared) > 64 or not all(isinstance(k, str) for k in shared):
+                raise ProtocolError("request field 'shared' must be a list of model keys")
+            for key in shared:
+                check_id(key)
             self._waiting[task_id] = _Task({**msg.body, "type": msg.type}, msg.round)
+            new = [k for k in shared if k not in self._shared_subscribed]
+            if new:
+                self._shared_subscribed.update(new)
+                self.link.subscribe(*(self.topics.shared_filter(k) for k in new))
         elif msg.type == "assignment":
             pass
         else:
@@ -264,11 +285,31 @@ class Agent:
 
     def _on_model(self, payload: Any) -> None:
         header = payload.header
-        task_id = str(header.extra.get("task_id", ""))
-        task = self._waiting.get(task_id)
-        if task is None:
-            self.stats.drop("frame for no waiting task")
-            raise ProtocolError(f"model frame for task {task_id!r}, which this device is not waiting for")
+        key = header.extra.get("shared")
+        if key is not None:
+            targets = [
+                (task_id, task, list(task.body["shared"]).index(key))
+                for task_id, task in list(self._waiting.items())
+                if key in task.body.get("shared", ())
+            ]
+            if not targets:
+                self.stats.drop("shared model for no waiting task")
+                log.debug("%s: shared model %r for no waiting task", self.cfg.device_id, key)
+        else:
+            task_id = str(header.extra.get("task_id", ""))
+            task = self._waiting.get(task_id)
+            if task is None:
+                self.stats.drop("frame for no waiting task")
+                raise ProtocolError(f"model frame for task {task_id!r}, which this device is not waiting for")
+            targets = [(task_id, task, int(header.extra.get("index", 0)))]
+        try:
+            for task_id, task, index in targets:
+                self._accept_model(task_id, task, payload, index)
+        finally:
+            self._drop_unused_shared()
+
+    def _accept_model(self, task_id: str, task: _Task, payload: Any, index: int) -> None:
+        header = payload.header
         if header.round != task.round:
             self.stats.drop("stale round")
             raise ProtocolError(f"model frame for round {header.round}, task is in round {task.round}")
@@ -282,7 +323,7 @@ class Agent:
         kind = task.body["type"]
         if kind == "evaluate":
             got = self._eval_models.setdefault(task_id, {})
-            got[int(header.extra.get("index", 0))] = weights
+            got[index] = weights
             if len(got) >= int(task.body.get("n_models", 1)):
                 self._evaluate(task_id, task, got)
             return
@@ -291,6 +332,14 @@ class Agent:
             self._pretrain(task_id, task, weights)
         else:
             self._train(task_id, task, weights)
+
+    def _drop_unused_shared(self) -> None:
+        """Unsubscribe from shared models no waiting task needs any more."""
+        needed = {k for task in self._waiting.values() for k in task.body.get("shared", ())}
+        unused = self._shared_subscribed - needed
+        if unused:
+            self._shared_subscribed -= unused
+            self.link.unsubscribe(*(self.topics.shared_filter(k) for k in unused))
 
     # -- work ---------------------------------------------------------------------------
     def _task_seed(self, task: _Task) -> list[int]:

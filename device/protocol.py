@@ -17,6 +17,8 @@ Topics (all rooted at ``covey/<run>/``)
 ``group/<g>/frames``           device -> manager  chain results and relayed hand-offs
 ``artifact/manifest``          server, retained   the model manifest (JSON)
 ``artifact/chunk/<i>``         server, retained   the .tflite file in frames
+``shared/<key>/chunk/<i>``     server, retained   a model many devices start from (one copy, the
+                                                  broker fans it out); cleared after its round
 
 Frames
 ------
@@ -114,6 +116,17 @@ class Topics:
 
     def artifact_chunk(self, index: int) -> str:
         return f"{self.root}/artifact/chunk/{int(index)}"
+
+    def shared_chunk(self, key: str, index: int) -> str:
+        return f"{self.root}/shared/{check_id(key)}/chunk/{int(index)}"
+
+    def shared_filter(self, key: str) -> str:
+        """Subscription filter for every chunk of the shared model ``key``."""
+        return f"{self.root}/shared/{check_id(key)}/chunk/#"
+
+    @property
+    def shared_root(self) -> str:
+        return f"{self.root}/shared/"
 
     @property
     def everything(self) -> str:

@@ -24,6 +24,7 @@ sudo touch passwords
     echo "topic read covey/$RUN/device/$id/#"
     echo "topic write covey/$RUN/device/$id/status"
     echo "topic read covey/$RUN/artifact/#"
+    echo "topic read covey/$RUN/shared/#"
     echo "topic write covey/$RUN/server/#"
     echo "topic write covey/$RUN/group/+/frames"
     echo "topic write covey/$RUN/device/+/frames"

@@ -36,6 +36,7 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from server.coordinator import checkpoint
 from server.coordinator.manager import GroupManager
+from server.coordinator.shared import SharedModels
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
@@ -116,6 +117,9 @@ class Coordinator:
             password=config.password,
             tls=config.tls,
             clean_session=True,
+        )
+        self.shared = SharedModels(
+            self.topics, lambda topic, data, retain: self.link.publish(topic, data, retain=retain), config.max_chunk
         )
 
     # -- setup ----------------------------------------------------------------------------
@@ -294,13 +298,20 @@ class Coordinator:
         self, kind: str, client_ids: Sequence[str], models: Sequence[np.ndarray], body: dict[str, Any]
     ) -> dict[str, dict[str, Any]]:
         tasks = {}
+        # several devices: one retained copy of each model that they all fetch
+        shared = (
+            [self.shared.publish(m, round_=self.round, group=-1, label=f"{kind}{i}") for i, m in enumerate(models)]
+            if len(client_ids) > 1
+            else []
+        )
         for c in client_ids:
             task_id = f"{self.cfg.run}-{kind}-{self.round}-{c}-{self.rng.integers(1 << 30)}"
             tasks[task_id] = c
             self._pending[task_id] = {}
-            msg = Message(kind, self.cfg.run, SERVER_ID, self.round, {"task_id": task_id, **body})
+            extra_body = {"shared": shared} if shared else {}
+            msg = Message(kind, self.cfg.run, SERVER_ID, self.round, {"task_id": task_id, **body, **extra_body})
             self.link.publish(self.topics.inbox(c), msg.encode())
-            for i, m in enumerate(models):
+            for i, m in enumerate(models if not shared else ()):
                 for frame in encode_frames(
                     m,
                     kind="model",
@@ -314,8 +325,11 @@ class Coordinator:
                     self.link.publish(self.topics.frames(c), frame)
         key = "update" if kind == "pretrain" else "result"
         deadline = time.monotonic() + self.cfg.deadline_s
-        while time.monotonic() < deadline and any(key not in self._pending[t] for t in tasks):
-            self.pump(0.1)
+        try:
+            while time.monotonic() < deadline and any(key not in self._pending[t] for t in tasks):
+                self.pump(0.1)
+        finally:
+            self.shared.clear(*shared)
         out = {tasks[t]: self._pending.pop(t) for t in list(tasks)}
         missing = [c for c, v in out.items() if key not in v]
         if missing:
@@ -351,38 +365,42 @@ class Coordinator:
         return "relay" if slow else "direct"
 
     def _execute(self, plan: RoundPlan) -> list[GroupResult]:
+        unknown = sorted({d for g in plan.groups for d in g.members if d not in self.devices})
+        if unknown:
+            raise ProtocolError(f"plan names unknown devices {unknown}")
         now = time.monotonic()
         self._managers = []
-        for i, g in enumerate(plan.groups):
-            unknown = [d for d in g.members if d not in self.devices]
-            if unknown:
-                raise ProtocolError(f"plan names unknown devices {unknown}")
-            handoff = self._handoff_for(i, g.members)
-            manager = GroupManager(
-                g,
-                plan.round,
-                plan.models[g.start_model],
-                plan.train,
-                topics=self.topics,
-                publish=lambda topic, data: self.link.publish(topic, data),
-                handoff=handoff,
-                deadline_s=self.cfg.deadline_s,
-                seed=self.cfg.seed,
-                max_chunk=self.cfg.max_chunk,
-            )
-            for d in g.members:
-                self.link.publish(
-                    self.topics.assignment(d),
-                    json.dumps({"run": self.cfg.run, "round": plan.round, "group": g.group_id}).encode(),
-                    retain=True,
+        try:
+            for i, g in enumerate(plan.groups):
+                manager = GroupManager(
+                    g,
+                    plan.round,
+                    plan.models[g.start_model],
+                    plan.train,
+                    topics=self.topics,
+                    publish=lambda topic, data: self.link.publish(topic, data),
+                    handoff=self._handoff_for(i, g.members),
+                    deadline_s=self.cfg.deadline_s,
+                    seed=self.cfg.seed,
+                    max_chunk=self.cfg.max_chunk,
+                    shared=self.shared,
                 )
-            manager.start(now)
-            self._managers.append(manager)
-        while not all(m.done for m in self._managers):
-            self.pump(0.05)
-            now = time.monotonic()
+                for d in g.members:
+                    self.link.publish(
+                        self.topics.assignment(d),
+                        json.dumps({"run": self.cfg.run, "round": plan.round, "group": g.group_id}).encode(),
+                        retain=True,
+                    )
+                self._managers.append(manager)
+                manager.start(now)
+            while not all(m.done for m in self._managers):
+                self.pump(0.05)
+                now = time.monotonic()
+                for m in self._managers:
+                    m.tick(now)
+        finally:
             for m in self._managers:
-                m.tick(now)
+                m.release()  # no shared start model outlives its round on the broker
         return [m.result() for m in self._managers]
 
     def evaluate(self) -> tuple[float, float]:

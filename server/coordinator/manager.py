@@ -13,7 +13,9 @@ last good member to send it again (direct), or uses the start model (first membe
 Nothing already trained is thrown away.
 
 Parallel mode. Every member trains from the group's start model and returns its model
-to the manager; members that miss the deadline are skipped.
+to the manager; members that miss the deadline are skipped. The start model is
+published once as a shared, retained model (``server/coordinator/shared.py``) that
+the members fetch from the broker, not once per member.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from device.protocol import SERVER_ID, Message, Payload, Topics, encode_frames
+from server.coordinator.shared import SharedModels
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
 
 log = logging.getLogger("covey.server")
@@ -58,12 +61,15 @@ class GroupManager:
         deadline_s: float,
         seed: int,
         max_chunk: int,
+        shared: SharedModels | None = None,
     ) -> None:
         self.plan, self.round, self.topics, self.publish = plan, round_, topics, publish
         self.handoff = handoff if plan.mode == "chain" else "relay"
         self.deadline_s, self.seed, self.max_chunk = deadline_s, seed, max_chunk
         self.train = train
         self.start_weights = start_weights
+        self.shared = shared
+        self.shared_key: str | None = None
         self.members = [_Member(d, f"{topics.run}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)]
         self.current = 0
         self.last_good: np.ndarray = start_weights
@@ -97,6 +103,8 @@ class GroupManager:
             "max_steps": self.train.max_steps,
             "seed": self.seed,
         }
+        if self.shared_key is not None:
+            body["shared"] = [self.shared_key]
         msg = Message("train", self.topics.run, SERVER_ID, self.round, body)
         self.publish(self.topics.inbox(member.device), msg.encode())
 
@@ -115,14 +123,28 @@ class GroupManager:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, now: float) -> None:
+        broadcast = self.plan.mode == "parallel" and self.shared is not None and len(self.members) > 1
+        if broadcast:
+            assert self.shared is not None
+            # published before the requests, retained: a member that subscribes on its
+            # request is sure to find it
+            self.shared_key = self.shared.publish(
+                self.start_weights, round_=self.round, group=self.plan.group_id, label=f"g{self.plan.group_id}"
+            )
         for i, m in enumerate(self.members):
             self._send_request(m, i)
         if self.plan.mode == "chain":
             self._send_model(self.start_weights, self.members[0], 0)
-        else:
+        elif not broadcast:
             for i, m in enumerate(self.members):
                 self._send_model(self.start_weights, m, i)
         self.deadline = now + self.deadline_s
+
+    def release(self) -> None:
+        """Clear the group's shared start model from the broker (the round is over)."""
+        if self.shared is not None and self.shared_key is not None:
+            self.shared.clear(self.shared_key)
+            self.shared_key = None
 
     def owns(self, device: str) -> bool:
         return any(m.device == device for m in self.members)

@@ -54,6 +54,9 @@ class Observer:
         try:
             if rest.endswith("/frames") or rest.startswith("artifact/chunk/"):
                 parse_frame(payload)
+            elif rest.startswith("shared/") and "/chunk/" in rest:
+                if payload:  # an empty retained message clears a shared model
+                    parse_frame(payload)
             elif rest.endswith("/status"):
                 assert payload in (b"online", b"offline"), payload
             elif rest == "artifact/manifest" or rest.endswith("/assignment"):

@@ -1,0 +1,68 @@
+"""Shared models: one retained copy on the broker instead of one copy per device.
+
+When many devices start from the same model (the members of a parallel group, every
+device asked to pre-train or to evaluate), the coordinator publishes the model once,
+retained, on ``shared/<key>/chunk/<i>``; each request names the key, and the device
+subscribes to it on receipt and gets the retained frames from the broker. The broker
+fans the bytes out in C, so the coordinator's upload no longer grows with the number
+of devices: with 50 devices and the 26 MB FEMNIST CNN, that is 26 MB sent once
+instead of 1.3 GB pushed through one Python client (which is what stalled the
+50-agent round of ``bench/transport.py``). Keys are cleared (an empty retained
+message per chunk) as soon as the work that needed them is over, so the broker holds
+no stale models.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import Callable
+
+import numpy as np
+
+from device.protocol import SERVER_ID, Topics, encode_frames
+
+PublishRetained = Callable[[str, bytes, bool], None]
+
+
+class SharedModels:
+    """Publishes and clears the retained shared models of one coordinator."""
+
+    def __init__(self, topics: Topics, publish: PublishRetained, max_chunk: int) -> None:
+        self.topics, self._publish, self.max_chunk = topics, publish, max_chunk
+        self._live: dict[str, int] = {}  # key -> number of retained chunks
+        self._counter = itertools.count()
+        # unique per coordinator process: a restarted coordinator never reuses a key a
+        # crashed one may have left retained on the broker
+        self._token = uuid.uuid4().hex[:8]
+
+    def publish(self, weights: np.ndarray, *, round_: int, group: int, label: str) -> str:
+        """Publish ``weights`` once, retained; returns the key devices subscribe to."""
+        key = f"r{int(round_)}-{label}-{self._token}{next(self._counter)}"
+        n = 0
+        for i, frame in enumerate(
+            encode_frames(
+                weights,
+                kind="model",
+                run=self.topics.run,
+                round=round_,
+                group=group,
+                sender=SERVER_ID,
+                max_chunk=self.max_chunk,
+                extra={"shared": key},
+            )
+        ):
+            self._publish(self.topics.shared_chunk(key, i), frame, True)
+            n = i + 1
+        self._live[key] = n
+        return key
+
+    def clear(self, *keys: str) -> None:
+        """Remove retained copies (all of them when no key is given)."""
+        for key in keys or tuple(self._live):
+            for i in range(self._live.pop(key, 0)):
+                self._publish(self.topics.shared_chunk(key, i), b"", True)
+
+    @property
+    def live(self) -> tuple[str, ...]:
+        return tuple(self._live)
