@@ -141,7 +141,7 @@ def throughput(host: str, port: int, repeats: int) -> None:
         print(f"figure transport_ratio_{label}mb = {ratio:.3f}", flush=True)
 
 
-def round_overhead(host: str, port: int, n_agents: int) -> None:
+def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) -> None:
     from covey.paths import ensure_model, femnist_dir
     from device.data import read_leaf
     from server.coordinator.coordinator import Coordinator, CoordinatorConfig
@@ -156,7 +156,7 @@ def round_overhead(host: str, port: int, n_agents: int) -> None:
     run = "overhead"
     with (
         tempfile.TemporaryDirectory() as tmp,
-        start_fleet(root, writers, run=run, host=host, port=port, log_dir=Path(tmp) / "logs"),
+        start_fleet(root, writers, run=run, host=host, port=port, log_dir=log_dir or Path(tmp) / "logs"),
     ):
         strategy = make_strategy(
             "fedavg", train=TrainConfig(epochs=1, batch_size=5, lr=0.01), clients_per_round=n_agents
@@ -166,18 +166,28 @@ def round_overhead(host: str, port: int, n_agents: int) -> None:
         coord.wait_for_devices(n_agents, 900)
         coord.setup_strategy()
         train_seconds: list[float] = []
+        finished_at: list[float] = []  # device clock = this machine's clock
         original = coord._on_result
 
         def spy(msg):  # type: ignore[no-untyped-def]
             if msg.type == "result" and "train_seconds" in msg.body:
                 train_seconds.append(float(msg.body["train_seconds"]))
+                finished_at.append(msg.sent_at - float(msg.body.get("deliver_seconds", 0.0)))
             return original(msg)
 
         coord._on_result = spy  # type: ignore[method-assign]
+        round_start = time.time()
         metrics = coord.step()
         coord.stop_devices()
         coord.close()
     slowest = max(train_seconds)
+    starts = [end - secs - round_start for end, secs in zip(finished_at, train_seconds, strict=True)]
+    ends = [end - round_start for end in finished_at]
+    print(
+        f"# training started {min(starts):.1f}-{max(starts):.1f} s into the round, "
+        f"ended {min(ends):.1f}-{max(ends):.1f} s; round over at {metrics.wall_s:.1f} s",
+        flush=True,
+    )
     overhead = 100 * (metrics.wall_s - slowest) / metrics.wall_s
     print(
         f"# {n_agents} agents: round {metrics.wall_s:.1f} s, slowest training {slowest:.1f} s, "
@@ -191,6 +201,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--agents", type=int, default=50)
+    parser.add_argument("--log-dir", type=Path, help="keep the agents' logs here")
     parser.add_argument("--skip-round", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     args = parser.parse_args()
@@ -200,7 +211,7 @@ def main() -> int:
         if not args.skip_throughput:
             throughput(broker.host, broker.port, args.repeats)
         if not args.skip_round:
-            round_overhead(broker.host, broker.port, args.agents)
+            round_overhead(broker.host, broker.port, args.agents, args.log_dir)
     return 0
 
 

@@ -48,6 +48,7 @@ from device.protocol import (
     encode_frames,
 )
 from device.runtime import TFLiteModel
+from device.worker import ModelWorker
 
 log = logging.getLogger("covey.device")
 
@@ -65,6 +66,7 @@ class AgentConfig:
     max_chunk: int = 900_000
     threads: int | None = None
     request_timeout: float = 120.0
+    train_priority: str = "idle"  # "idle": interpreter work yields to everything else (device/worker.py)
 
 
 @dataclass
@@ -103,6 +105,7 @@ class Agent:
         self._last_output: np.ndarray | None = None
         self._last_output_task: dict[str, Any] | None = None
         self.running = True
+        self.worker = ModelWorker(config.train_priority, name=f"covey-model-{config.device_id}")
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self._load_state()
         self.link = MqttLink(
@@ -243,8 +246,10 @@ class Agent:
         path = self.cfg.state_dir / f"{manifest.model}.tflite"
         path.write_bytes(data)
         path.with_suffix(".json").write_text(json.dumps(self.manifest_raw))
-        self.model = TFLiteModel(path, manifest, num_threads=self.cfg.threads)
-        self.model.check_data(self.train_data.x, self.train_data.y)
+        # created in the worker thread, so interpreter helper threads inherit its priority
+        model = self._in_worker(TFLiteModel, path, manifest, num_threads=self.cfg.threads)
+        model.check_data(self.train_data.x, self.train_data.y)
+        self.model = model
         self._chunks.clear()
         log.info("%s: model %s ready (%s)", self.cfg.device_id, manifest.model, self.model.backend.name)
         self._register()  # now with the model's class count and runtime
@@ -274,6 +279,9 @@ class Agent:
             for key in shared:
                 check_id(key)
             self._waiting[task_id] = _Task({**msg.body, "type": msg.type}, msg.round)
+            log.info(
+                "%s: round %d %s request %s; waiting for its model", self.cfg.device_id, msg.round, msg.type, task_id
+            )
             new = [k for k in shared if k not in self._shared_subscribed]
             if new:
                 self._shared_subscribed.update(new)
@@ -328,6 +336,7 @@ class Agent:
                 self._evaluate(task_id, task, got)
             return
         del self._waiting[task_id]
+        log.info("%s: model for %s arrived from %s; %sing", self.cfg.device_id, task_id, header.sender, kind)
         if kind == "pretrain":
             self._pretrain(task_id, task, weights)
         else:
@@ -349,7 +358,8 @@ class Agent:
         assert self.model is not None
         b = task.body
         start = time.perf_counter()
-        result = self.model.train(
+        result = self._in_worker(
+            self.model.train,
             self.train_data.x,
             self.train_data.y,
             epochs=int(b.get("epochs", 1)),
@@ -364,8 +374,9 @@ class Agent:
         self.stats.trained += 1
         self._last_output, self._last_output_task = result.weights, {"task_id": task_id, **b, "round": task.round}
         self._done_tasks.add(task_id)
-        self._save_state()
-        self._deliver(result.weights, b, task.round, task_id)
+        delivered = time.perf_counter()
+        self._deliver(result.weights, b, task.round, task_id)  # first: the chain waits on it
+        deliver_seconds = time.perf_counter() - delivered
         counts = class_counts(self.train_data.y, self.model.manifest.n_classes).tolist()
         self._send(
             Message(
@@ -378,12 +389,14 @@ class Agent:
                     "n_samples": result.n_samples,
                     "loss": result.mean_loss,
                     "train_seconds": seconds,
+                    "deliver_seconds": deliver_seconds,
                     "group": b.get("group"),
                     "position": b.get("position"),
                     "class_counts": counts,
                 },
             )
         )
+        self._save_state()  # for a resend after a restart; off the round's critical path
         log.info(
             "%s: round %d group %s position %s trained %d samples, loss %.3f (%.1f s)",
             self.cfg.device_id,
@@ -433,7 +446,8 @@ class Agent:
     def _pretrain(self, task_id: str, task: _Task, weights: np.ndarray) -> None:
         assert self.model is not None
         b = task.body
-        result = self.model.train(
+        result = self._in_worker(
+            self.model.train,
             self.train_data.x,
             self.train_data.y,
             epochs=10_000,
@@ -462,17 +476,28 @@ class Agent:
         self._waiting.pop(task_id, None)
         self._eval_models.pop(task_id, None)
         split = self.test_data if task.body.get("split") == "test" and self.test_data else self.train_data
-        rows = []
-        for index in sorted(models):
-            self.model.set_weights(models[index])
-            ev = self.model.evaluate(split.x, split.y)
-            rows.append({"index": index, "loss": ev.loss, "correct": ev.n_correct, "n": ev.n_samples})
+        model = self.model
+
+        def evaluate_all() -> list[dict[str, Any]]:
+            rows = []
+            for index in sorted(models):
+                model.set_weights(models[index])
+                ev = model.evaluate(split.x, split.y)
+                rows.append({"index": index, "loss": ev.loss, "correct": ev.n_correct, "n": ev.n_samples})
+            return rows
+
+        rows = self._in_worker(evaluate_all)
         self._done_tasks.add(task_id)
         self._send(
             Message("result", self.cfg.run, self.cfg.device_id, task.round, {"task_id": task_id, "evaluations": rows})
         )
 
+    def _in_worker(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A model call in the background-priority model thread (``device/worker.py``)."""
+        return self.worker.run(fn, *args, keep_waiting=lambda: self.running, **kwargs)
+
     def close(self) -> None:
+        self.worker.close()
         with contextlib.suppress(TransportError):
             self.link.publish(self.topics.status(self.cfg.device_id), b"offline", retain=True, wait=2.0)
         self.link.close()

@@ -33,6 +33,7 @@ CONFIG_KEYS = {
     "keyfile",
     "threads",
     "idle_timeout",
+    "train_priority",
 }
 
 
@@ -59,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--certfile")
     p.add_argument("--keyfile")
     p.add_argument("--threads", type=int, help="interpreter threads (default: all CPUs)")
+    p.add_argument(
+        "--train-priority",
+        choices=("idle", "normal"),
+        help="CPU priority of training: 'idle' (default) yields to everything else on the board "
+        "(Linux SCHED_IDLE); 'normal' competes like any process",
+    )
     p.add_argument("--idle-timeout", type=float, help="leave after this many silent seconds")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
@@ -118,7 +125,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         tls = TlsFiles(ca, opt("certfile"), opt("keyfile")) if ca else None
         threads = int(str(s["threads"])) if s.get("threads") is not None else None
         config = AgentConfig(
-            device_id, run, host, port, state_dir, opt("username"), opt("password"), tls, threads=threads
+            device_id,
+            run,
+            host,
+            port,
+            state_dir,
+            opt("username"),
+            opt("password"),
+            tls,
+            threads=threads,
+            train_priority=opt("train_priority") or "idle",
         )
         agent = Agent(config, train, test_data)
         idle = float(str(s["idle_timeout"])) if s.get("idle_timeout") is not None else None

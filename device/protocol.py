@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import struct
 import sys
@@ -45,6 +46,8 @@ from typing import Any
 import numpy as np
 
 from device.errors import ProtocolError
+
+log = logging.getLogger("covey.protocol")
 
 PROTOCOL_VERSION = 1
 SERVER_ID = "server"  # sender id of the coordinator and its group managers
@@ -299,13 +302,40 @@ def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameH
 class Reassembler:
     """Collects chunks by message id; returns the checked payload when complete.
 
-    Memory is bounded: at most ``max_pending`` partial messages are kept (oldest
-    dropped first) and a message larger than ``max_bytes`` is refused.
+    Memory is bounded by bytes, not by a count of messages: a payload larger than
+    ``max_bytes`` is refused, and the partial messages together may announce at most
+    ``max_pending_bytes``; a new message that does not fit evicts the oldest partial
+    ones (logged and counted in ``evicted``). A device expects a model or two at a
+    time; the coordinator receives one model per device of a parallel round at once
+    (50 devices x 26 MB interleaved on one topic), so it passes a bound that fits them
+    all. A fixed count of 16 partial messages once silently lost a 50-device round.
     """
 
-    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_pending: int = 16) -> None:
-        self.max_bytes, self.max_pending = max_bytes, max_pending
+    def __init__(self, max_bytes: int = 256 * 1024 * 1024, max_pending_bytes: int = 1024 * 1024 * 1024) -> None:
+        self.max_bytes, self.max_pending_bytes = max_bytes, max_pending_bytes
         self._parts: dict[str, tuple[FrameHeader, dict[int, memoryview], float]] = {}
+        self.evicted = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(h.nbytes for h, _, _ in self._parts.values())
+
+    def _make_room(self, nbytes: int) -> None:
+        pending = self.pending_bytes
+        while self._parts and pending + nbytes > self.max_pending_bytes:
+            oldest = min(self._parts, key=lambda k: self._parts[k][2])
+            head, parts, _ = self._parts.pop(oldest)
+            pending -= head.nbytes
+            self.evicted += 1
+            log.warning(
+                "evicted the partial %s frame %s from %s (%d of %d chunks): more than %d MB of partial payloads",
+                head.kind,
+                oldest,
+                head.sender,
+                len(parts),
+                head.n_chunks,
+                self.max_pending_bytes // 2**20,
+            )
 
     def add(self, frame: bytes) -> Payload | None:
         header, chunk = parse_frame(frame)
@@ -313,15 +343,14 @@ class Reassembler:
             raise ProtocolError(f"payload of {header.nbytes} bytes exceeds the {self.max_bytes}-byte limit")
         if header.n_chunks == 1 and len(chunk) != header.nbytes:
             raise ProtocolError(f"frame carries {len(chunk)} payload bytes, header says {header.nbytes} (truncated?)")
+        if header.n_chunks > 1 and header.msg_id not in self._parts:
+            self._make_room(header.nbytes)
         first, parts, _ = self._parts.get(header.msg_id, (header, {}, time.monotonic()))
         if (first.sha256, first.n_chunks, first.nbytes) != (header.sha256, header.n_chunks, header.nbytes):
             self._parts.pop(header.msg_id, None)
             raise ProtocolError(f"chunks of message {header.msg_id} disagree about the payload")
         parts[header.chunk] = chunk
         self._parts[header.msg_id] = (first, parts, time.monotonic())
-        if len(self._parts) > self.max_pending:
-            oldest = min(self._parts, key=lambda k: self._parts[k][2])
-            self._parts.pop(oldest)
         if len(parts) < header.n_chunks:
             return None
         self._parts.pop(header.msg_id, None)

@@ -54,6 +54,8 @@ class CoordinatorConfig:
     max_chunk: int = 900_000
     relay_rtt_ms: float = 250.0
     federated_eval_every: int = 0  # evaluate on the devices' own test sets every N rounds (0: never)
+    # partial model payloads held at once: a parallel round has one in flight per device
+    max_pending_mb: int = 4096
     username: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
@@ -103,7 +105,7 @@ class Coordinator:
         self.metrics: list[RoundMetrics] = []
         self.rng = np.random.default_rng(config.seed)
         self.round = 0
-        self._frames = Reassembler()
+        self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
         self._managers: list[GroupManager] = []
         self._pending: dict[str, dict[str, Any]] = {}  # task id -> waiter for pretrain / evaluate replies
@@ -172,7 +174,10 @@ class Coordinator:
         elif item.topic == t.server_frames or (
             item.topic.startswith(f"{t.root}/group/") and item.topic.endswith("/frames")
         ):
+            evicted = self._frames.evicted
             payload = self._frames.add(item.payload)
+            if self._frames.evicted > evicted:
+                self._drop("evicted partial payload", f"over {self.cfg.max_pending_mb} MB of partial model payloads")
             if payload is not None:
                 self._on_frame(payload)
         else:

@@ -22,8 +22,8 @@ from device.protocol import (
 )
 
 
-def _frames(array: np.ndarray, max_chunk: int = 1000) -> list[bytes]:
-    return list(encode_frames(array, kind="model", run="r1", round=3, group=2, sender="dev001", max_chunk=max_chunk))
+def _frames(array: np.ndarray, max_chunk: int = 1000, sender: str = "dev001") -> list[bytes]:
+    return list(encode_frames(array, kind="model", run="r1", round=3, group=2, sender=sender, max_chunk=max_chunk))
 
 
 def test_topics_are_rooted_per_run_and_check_ids() -> None:
@@ -63,6 +63,34 @@ def test_weights_survive_chunked_frames_exactly() -> None:
     np.testing.assert_array_equal(payload.array, w)
     assert payload.header.sender == "dev001" and payload.header.round == 3
     assert check_weights(payload, 10_000).dtype == np.float32
+
+
+def test_fifty_interleaved_chunked_payloads_all_reassemble() -> None:
+    # a parallel round: every device uploads at once and the chunks interleave
+    models = {f"dev{i:03d}": np.full(5_000, i, np.float32) for i in range(50)}
+    streams = {d: _frames(w, max_chunk=3_000, sender=d) for d, w in models.items()}
+    r = Reassembler()
+    done = {}
+    for chunk_index in range(len(next(iter(streams.values())))):
+        for device, frames in streams.items():
+            payload = r.add(frames[chunk_index])
+            if payload is not None:
+                done[payload.header.sender] = payload.array
+    assert set(done) == set(models) and r.evicted == 0
+    for device, w in models.items():
+        np.testing.assert_array_equal(done[device], w)
+
+
+def test_partial_payloads_beyond_the_byte_bound_evict_the_oldest() -> None:
+    a, b = (_frames(np.full(1_000, v, np.float32), max_chunk=1_000) for v in (1, 2))
+    r = Reassembler(max_pending_bytes=6_000)  # room for one 4,000-byte payload in flight
+    assert r.add(a[0]) is None
+    assert r.add(b[0]) is None  # does not fit beside a: a's partial copy goes
+    assert r.evicted == 1 and r.pending_bytes == 4_000
+    out = [r.add(f) for f in b[1:]]
+    assert out[-1] is not None and float(out[-1].array[0]) == 2.0
+    assert all(r.add(f) is None for f in a[1:])  # a lost its first chunk: never completes
+    assert r.pending_bytes == 4_000  # bounded, and a later payload may evict it
 
 
 def _rebuild(frame: bytes, **changes: object) -> bytes:

@@ -13,6 +13,16 @@ from server.aggregation.server_opt import ServerOptimizer
 from server.errors import GroupingError
 
 
+def test_weighted_average_across_cache_blocks_matches_float64_reference() -> None:
+    rng = np.random.default_rng(3)
+    models = [rng.normal(size=(3, 70_001)).astype(np.float32) for _ in range(7)]  # spans several blocks
+    weights = [5.0, 0.0, 1.0, 2.5, 9.0, 3.0, 1.0]
+    reference = np.tensordot(weights, np.stack(models).astype(np.float64), axes=1) / sum(weights)
+    out = weighted_average(models, weights)
+    assert out.shape == (3, 70_001) and out.dtype == np.float32
+    np.testing.assert_allclose(out, reference, rtol=1e-6, atol=1e-7)
+
+
 def test_weighted_average_and_identical_models() -> None:
     a, b = np.array([0.0, 4.0], np.float32), np.array([2.0, 0.0], np.float32)
     np.testing.assert_allclose(weighted_average([a, b], [3, 1]), [0.5, 3.0])
