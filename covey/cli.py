@@ -61,10 +61,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_strategies(args: argparse.Namespace) -> int:
-    from server.strategies import STRATEGIES
+    from server.strategies import STRATEGIES, strategy_parameters
 
     for name, cls in sorted(STRATEGIES.items()):
         print(f"{name:14s} {cls.summary}")
+        params = sorted(strategy_parameters(name) - {"train"})
+        if params:
+            print(f"{'':14s}   --set: {', '.join(params)}")
     return 0
 
 
@@ -233,15 +236,15 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (femnist)")
     p.add_argument("--model", help="zoo model (default: mclr_synthetic / cnn_femnist / mclr_mnist)")
-    p.add_argument("--rounds", type=int)
+    p.add_argument("--rounds", type=int, help="communication rounds")
     p.add_argument(
         "--clients-per-round",
         type=int,
         help="clients sampled per round, for the strategies that sample clients (FedGSP samples groups: κ)",
     )
-    p.add_argument("--epochs", type=int)
-    p.add_argument("--batch", type=int)
-    p.add_argument("--lr", type=float)
+    p.add_argument("--epochs", type=int, help="local epochs per client and round")
+    p.add_argument("--batch", type=int, help="local mini-batch size")
+    p.add_argument("--lr", type=float, help="local SGD learning rate")
     p.add_argument("--workers", type=int, help="processes (default 1)")
     p.add_argument("--shift", type=float, help="distribution-shift swap probability per round")
     p.add_argument(
@@ -274,12 +277,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="LEAF .json file or folder, .npz or .csv")
     p.add_argument("--user", help="LEAF user id when the file holds several")
     p.add_argument("--test", help="test data in the same format")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch", type=int, default=10)
-    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--epochs", type=int, default=1, help="epochs over the data (default 1)")
+    p.add_argument("--batch", type=int, default=10, help="mini-batch size (default 10)")
+    p.add_argument("--lr", type=float, default=0.01, help="SGD learning rate (default 0.01)")
     p.add_argument("--mu", type=float, default=0.0, help="FedProx proximal weight (0: plain SGD)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the batch shuffle")
+    p.add_argument("--threads", type=int, default=None, help="interpreter threads (default: all CPUs)")
     p.set_defaults(func=_cmd_train)
 
     p = sub.add_parser("simulate", help="run one strategy over virtual devices (no broker)")
@@ -300,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="a broker, the coordinator and 8 device agents running FedGSP over MQTT")
     p.add_argument("--model", default="mlp_femnist", help="zoo model (default: mlp_femnist)")
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=10, help="FedGSP rounds (default 10)")
+    p.add_argument("--devices", type=int, default=8, help="device agent processes (default 8)")
     p.add_argument("--broker", help="HOST:PORT of an existing broker (default: an embedded amqtt broker)")
     p.add_argument("--out", default="runs/demo", help="where the plot, metrics and device logs go")
     p.add_argument("--data-dir", default=None, help="a LEAF FEMNIST folder with train/ and test/")
@@ -317,16 +320,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker", help="HOST:PORT of the broker (default: start mosquitto here)")
     p.add_argument("--port", type=int, help="port for the mosquitto this command starts")
     p.add_argument("--run", default="site", help="run id (topics live under covey/<run>/)")
-    p.add_argument("--rounds", type=int, default=50)
+    p.add_argument("--rounds", type=int, default=50, help="rounds to run (default 50)")
     p.add_argument("--min-devices", type=int, required=True, help="devices to wait for before round 1")
-    p.add_argument("--register-timeout", type=float, default=600.0)
+    p.add_argument(
+        "--register-timeout", type=float, default=600.0, help="seconds to wait for --min-devices (default 600)"
+    )
     p.add_argument("--eval-data", help="held-out LEAF data (a folder with test/, or a test folder)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch", type=int, default=5)
-    p.add_argument("--lr", type=float, default=0.01)
-    p.add_argument("--handoff", choices=["auto", "direct", "relay", "mixed"], default="auto")
+    p.add_argument("--epochs", type=int, default=1, help="local epochs per device and round (default 1)")
+    p.add_argument("--batch", type=int, default=5, help="local mini-batch size (default 5)")
+    p.add_argument("--lr", type=float, default=0.01, help="local SGD learning rate (default 0.01)")
+    p.add_argument(
+        "--handoff",
+        choices=["auto", "direct", "relay", "mixed"],
+        default="auto",
+        help="chain hand-offs device to device, through the group manager, or per group from measured "
+        "RTT (auto, the default)",
+    )
     p.add_argument("--deadline", type=float, default=120.0, help="seconds a device may take per task")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of sampling, grouping and device shuffles")
     p.add_argument("--state-dir", default="runs/server", help="checkpoints, metrics and the plot")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--advertise", action="store_true", help="announce the run with zeroconf")
