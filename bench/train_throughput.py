@@ -5,8 +5,10 @@ signature driven by the device runtime (``TFLiteModel.train``: shuffled mini-bat
 from a local data set), and samples/s of the same architecture trained with Keras
 ``train_on_batch`` (SGD, same batch size, same number of threads, same CPU). Each
 side runs in its own child process, alternating, ``--repeats`` times; the median
-of each is used. The LiteRT child never imports TensorFlow, so its peak RSS is the
-peak memory of a device-side training process.
+of each is used. The LiteRT child never imports TensorFlow, and it does what a
+device does: it loads the artifact devices download (the model without initial
+values, ``server/artifact.py``), sets the start weights a train request brings, and
+trains. Its peak RSS is the peak memory of a device-side training process.
 
 Prints one line per figure::
 
@@ -25,6 +27,7 @@ import os
 import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -51,12 +54,17 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _litert_child(model_path: str, batch: int, threads: int, seconds: float, queue: mp.Queue) -> None:
+def _litert_child(model_path: str, start_path: str, batch: int, threads: int, seconds: float, queue: mp.Queue) -> None:
+    import numpy as np
+
     from device.runtime import TFLiteModel
 
     model = TFLiteModel(model_path, num_threads=threads)
     x, y = _data(model.manifest.input_shape, model.manifest.n_classes)
-    model.train(x, y, batch_size=batch, lr=0.001, max_steps=5, seed=0)  # warm-up, tensor allocation
+    start_weights = np.load(start_path)
+    # warm-up (tensor allocation) from the start weights, as a train request brings them
+    model.train(x, y, batch_size=batch, lr=0.001, max_steps=5, seed=0, initial_weights=start_weights)
+    del start_weights
     steps = 10
     while True:
         start = time.perf_counter()
@@ -101,6 +109,24 @@ def _keras_child(name: str, batch: int, threads: int, seconds: float, queue: mp.
     queue.put({"sps": steps * batch / elapsed})
 
 
+def _device_artifact(model_path: Path, out_dir: Path) -> tuple[Path, Path]:
+    """The stripped model a device downloads, and the model's initial weights as the
+    start weights a train request would bring."""
+    import numpy as np
+
+    from device.manifest import manifest_path_for
+    from device.runtime import TFLiteModel
+    from server.artifact import device_artifact
+
+    stripped, manifest = device_artifact(model_path.read_bytes(), json.loads(manifest_path_for(model_path).read_text()))
+    artifact = out_dir / model_path.name
+    artifact.write_bytes(stripped)
+    manifest_path_for(artifact).write_text(json.dumps(manifest))
+    start = out_dir / f"{model_path.stem}.start.npy"
+    np.save(start, TFLiteModel(model_path, num_threads=1).get_weights())
+    return artifact, start
+
+
 def _run(target, *args) -> dict:  # type: ignore[no-untyped-def]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -128,21 +154,23 @@ def main() -> int:
     batches = [int(b) for b in args.batches.split(",")]
     print(f"# threads={args.threads} seconds={args.seconds} repeats={args.repeats} cpu={os.cpu_count()}")
     rows = []
+    workdir = tempfile.TemporaryDirectory(prefix="covey-bench-")
     for name in names:
-        path = str(ensure_model(name))
+        path, start = _device_artifact(ensure_model(name), Path(workdir.name))
         peak = 0.0
         for batch in batches:
-            lite, ker = [], []
+            lite, ker, batch_peak = [], [], 0.0
             for _ in range(args.repeats):
-                res = _run(_litert_child, path, batch, args.threads, args.seconds)
+                res = _run(_litert_child, str(path), str(start), batch, args.threads, args.seconds)
                 lite.append(res["sps"])
-                peak = max(peak, res["rss_mb"])
+                batch_peak = max(batch_peak, res["rss_mb"])
                 ker.append(_run(_keras_child, name, batch, args.threads, args.seconds)["sps"])
+            peak = max(peak, batch_peak)
             ratio = statistics.median(lite) / statistics.median(ker)
             rows.append({"model": name, "batch": batch, "litert_sps": lite, "keras_sps": ker, "ratio": ratio})
             print(
                 f"# {name} b{batch}: LiteRT {statistics.median(lite):,.0f} samples/s, "
-                f"Keras {statistics.median(ker):,.0f} samples/s",
+                f"Keras {statistics.median(ker):,.0f} samples/s, LiteRT peak RSS {batch_peak:.0f} MB",
                 flush=True,
             )
             print(f"figure train_ratio_{name}_b{batch} = {ratio:.3f}", flush=True)

@@ -49,6 +49,9 @@ class Manifest:
     covey_version: str
     description: str = ""
     deferred_rank: int = 0
+    # False for the artifact devices download (server/artifact.py): the file carries no
+    # initial weights, so weights must be set before anything reads them
+    initial_weights: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,6 +68,7 @@ class Manifest:
             "deferred_rank": self.deferred_rank,
             "sha256": self.sha256,
             "covey_version": self.covey_version,
+            "initial_weights": self.initial_weights,
         }
 
 
@@ -122,6 +126,9 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
         raise ModelError(f"{where}: deferred_rank must be a non-negative integer, got {deferred_rank!r}")
     if deferred_rank and not {"train_deferred", "flush"} <= set(signatures):
         raise ModelError(f"{where}: deferred_rank is set but train_deferred/flush signatures are missing")
+    initial_weights = raw.get("initial_weights", True)
+    if not isinstance(initial_weights, bool):
+        raise ModelError(f"{where}: initial_weights must be true or false, got {initial_weights!r}")
     sha = _field(raw, "sha256", str, where)
     if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
         raise ModelError(f"{where}: sha256 {sha!r} is not a hex digest")
@@ -137,6 +144,7 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
         covey_version=_field(raw, "covey_version", str, where),
         description=raw.get("description", "") if isinstance(raw.get("description"), str) else "",
         deferred_rank=deferred_rank,
+        initial_weights=initial_weights,
     )
 
 

@@ -140,6 +140,7 @@ class TFLiteModel:
             raise ModelError(f"{model_path} lacks the signatures its manifest lists: {missing}")
         self._runners: dict[str, Any] = {}
         self._pending_rows = 0  # rows of deferred updates not yet folded in
+        self._weights_set = self.manifest.initial_weights
         self.path = model_path
         self.num_threads = threads
         log.info(
@@ -165,9 +166,17 @@ class TFLiteModel:
         return self.manifest.n_params
 
     # -- weights ----------------------------------------------------------------------
+    def _require_weights(self) -> None:
+        if not self._weights_set:
+            raise ModelError(
+                f"{self.manifest.model}: this model file carries no initial weights (a device artifact); "
+                "call set_weights (or train with initial_weights) before reading, training or evaluating"
+            )
+
     def get_weights(self) -> np.ndarray:
         """All trainable tensors as one flat float32 vector (the signature runner
         already returns a fresh array; no second copy)."""
+        self._require_weights()
         return np.asarray(self._runner("get_weights")()["weights"], dtype=np.float32)
 
     def check_weights(self, weights: np.ndarray) -> np.ndarray:
@@ -191,6 +200,7 @@ class TFLiteModel:
         arr = self.check_weights(weights)
         self._runner("set_weights")(weights=arr)  # also clears pending deferred updates
         self._pending_rows = 0
+        self._weights_set = True
 
     def weights_by_tensor(self, weights: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Split a flat vector into named tensors (views) using the manifest layout."""
@@ -293,6 +303,7 @@ class TFLiteModel:
         assert y_checked is not None
         if initial_weights is not None:
             self.set_weights(initial_weights)
+        self._require_weights()
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         step = self._step_function(lr, mu, batch_size if deferred else 0)
         total_loss, total_seen, steps = 0.0, 0, 0
@@ -319,6 +330,7 @@ class TFLiteModel:
         """Mean loss and accuracy of the current weights."""
         x, y_checked = self.check_data(x, y)
         assert y_checked is not None
+        self._require_weights()
         runner = self._runner("evaluate")
         total_loss, correct = 0.0, 0
         for idx in self._batches(x.shape[0], batch_size, None):
@@ -330,6 +342,7 @@ class TFLiteModel:
 
     def predict_logits(self, x: np.ndarray, *, batch_size: int = EVAL_BATCH) -> np.ndarray:
         x, _ = self.check_data(x)
+        self._require_weights()
         runner = self._runner("infer")
         return np.concatenate([runner(x=x[idx])["logits"] for idx in self._batches(x.shape[0], batch_size, None)])
 
@@ -337,6 +350,7 @@ class TFLiteModel:
         """Flat gradient of the mean loss over ``(x, y)`` at the current weights."""
         x, y_checked = self.check_data(x, y)
         assert y_checked is not None
+        self._require_weights()
         runner = self._runner("gradients")
         total = np.zeros(self.n_params, np.float64)
         for idx in self._batches(x.shape[0], batch_size, None):

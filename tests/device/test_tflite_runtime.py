@@ -32,25 +32,67 @@ print(json.dumps({"backend": m.backend.name, "version": m.backend.version, "nump
 """
 
 
-@pytest.mark.tflite_runtime
-def test_device_runtime_trains_under_tflite_runtime(zoo_model) -> None:
+def _in_tflite_runtime_env(script: str, *args: str) -> dict:  # type: ignore[type-arg]
+    """Run ``script`` with the numpy<2 tflite-runtime python; its last line is JSON."""
     python = os.environ.get("COVEY_TFLITE_RUNTIME_PYTHON")
     assert python, "COVEY_TFLITE_RUNTIME_PYTHON is not set: run the suite with `./dev test`"
-    model = zoo_model("mclr_synthetic")
-
     out = subprocess.run(
-        [python, "-c", SCRIPT, str(model)],
+        [python, "-c", script, *args],
         capture_output=True,
         text=True,
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         timeout=300,
     )
-
     assert out.returncode == 0, out.stderr[-2000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.tflite_runtime
+def test_device_runtime_trains_under_tflite_runtime(zoo_model) -> None:
+    model = zoo_model("mclr_synthetic")
+
+    result = _in_tflite_runtime_env(SCRIPT, str(model))
+
     assert result["backend"] == "tflite_runtime"
     assert result["numpy"].startswith("1.")
     assert result["after"] < result["before"] - 0.5
     assert result["acc"] > 0.7
     assert result["exact"]
+
+
+ARTIFACT_SCRIPT = """
+import json, sys
+import numpy as np
+from device.runtime import TFLiteModel
+m = TFLiteModel(sys.argv[1], backend="tflite_runtime")
+start = np.load(sys.argv[2])
+rng = np.random.default_rng(0)
+w = rng.normal(size=(60, 10)); x = rng.normal(size=(400, 60)).astype(np.float32); y = (x @ w).argmax(1)
+r = m.train(x, y, epochs=5, batch_size=10, lr=0.05, seed=0, initial_weights=start)
+print(json.dumps({"first": r.mean_loss, "after": m.evaluate(x, y).loss, "acc": m.evaluate(x, y).accuracy}))
+"""
+
+
+@pytest.mark.tflite_runtime
+def test_the_device_artifact_trains_under_tflite_runtime(zoo_model, tmp_path: Path) -> None:
+    # Prepare: the stripped model a board downloads, and start weights from the server
+    import numpy as np
+
+    from device.manifest import manifest_path_for
+    from device.runtime import TFLiteModel
+    from server.artifact import device_artifact
+
+    model = zoo_model("mclr_synthetic")
+    stripped, manifest = device_artifact(model.read_bytes(), json.loads(manifest_path_for(model).read_text()))
+    artifact = tmp_path / model.name
+    artifact.write_bytes(stripped)
+    manifest_path_for(artifact).write_text(json.dumps(manifest))
+    np.save(tmp_path / "start.npy", TFLiteModel(model).get_weights())
+
+    # Execute
+    result = _in_tflite_runtime_env(ARTIFACT_SCRIPT, str(artifact), str(tmp_path / "start.npy"))
+
+    # Verify
+    assert result["after"] < result["first"] - 0.5
+    assert result["acc"] > 0.7
