@@ -277,7 +277,7 @@ class Agent:
             if not isinstance(shared, list) or len(shared) > 64 or not all(isinstance(k, str) for k in shared):
                 raise ProtocolError("request field 'shared' must be a list of model keys")
             for key in shared:
-                check_id(key)
+                check_id(key, "model key")
             self._waiting[task_id] = _Task({**msg.body, "type": msg.type}, msg.round)
             log.info(
                 "%s: round %d %s request %s; waiting for its model", self.cfg.device_id, msg.round, msg.type, task_id

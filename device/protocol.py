@@ -121,11 +121,11 @@ class Topics:
         return f"{self.root}/artifact/chunk/{int(index)}"
 
     def shared_chunk(self, key: str, index: int) -> str:
-        return f"{self.root}/shared/{check_id(key)}/chunk/{int(index)}"
+        return f"{self.root}/shared/{check_id(key, 'model key')}/chunk/{int(index)}"
 
     def shared_filter(self, key: str) -> str:
         """Subscription filter for every chunk of the shared model ``key``."""
-        return f"{self.root}/shared/{check_id(key)}/chunk/#"
+        return f"{self.root}/shared/{check_id(key, 'model key')}/chunk/#"
 
     @property
     def shared_root(self) -> str:
@@ -136,10 +136,11 @@ class Topics:
         return f"{self.root}/#"
 
 
-def check_id(device: str) -> str:
-    if not device or len(device) > 64 or any(ch in device for ch in "/+# ") or not device.isprintable():
-        raise ProtocolError(f"device id {device!r} must be 1-64 printable characters without '/', '+', '#', ' '")
-    return device
+def check_id(value: str, what: str = "device id") -> str:
+    """A device id or another topic level (``what`` names it in the error)."""
+    if not value or len(value) > 64 or any(ch in value for ch in "/+# ") or not value.isprintable():
+        raise ProtocolError(f"{what} {value!r} must be 1-64 printable characters without '/', '+', '#', ' '")
+    return value
 
 
 # -- control messages -------------------------------------------------------------------------
