@@ -114,14 +114,10 @@ def _device_artifact(model_path: Path, out_dir: Path) -> tuple[Path, Path]:
     start weights a train request would bring."""
     import numpy as np
 
-    from device.manifest import manifest_path_for
     from device.runtime import TFLiteModel
-    from server.artifact import device_artifact
+    from server.artifact import write_device_artifact
 
-    stripped, manifest = device_artifact(model_path.read_bytes(), json.loads(manifest_path_for(model_path).read_text()))
-    artifact = out_dir / model_path.name
-    artifact.write_bytes(stripped)
-    manifest_path_for(artifact).write_text(json.dumps(manifest))
+    artifact = write_device_artifact(model_path, out_dir)
     start = out_dir / f"{model_path.stem}.start.npy"
     np.save(start, TFLiteModel(model_path, num_threads=1).get_weights())
     return artifact, start

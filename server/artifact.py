@@ -23,6 +23,8 @@ is not needed.
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 from typing import Any
 
 from device.errors import ModelError
@@ -93,3 +95,15 @@ def device_artifact(model_bytes: bytes, manifest: dict[str, Any]) -> tuple[bytes
     stripped = strip_initial_values(model_bytes)
     device_manifest = {**manifest, "sha256": hashlib.sha256(stripped).hexdigest(), "initial_weights": False}
     return stripped, device_manifest
+
+
+def write_device_artifact(model_path: Path, out_dir: Path) -> Path:
+    """Write the device artifact of ``model_path`` and its manifest into ``out_dir``."""
+    from device.manifest import manifest_path_for
+
+    stripped, manifest = device_artifact(model_path.read_bytes(), json.loads(manifest_path_for(model_path).read_text()))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / model_path.name
+    out.write_bytes(stripped)
+    manifest_path_for(out).write_text(json.dumps(manifest))
+    return out

@@ -79,15 +79,11 @@ def test_the_device_artifact_trains_under_tflite_runtime(zoo_model, tmp_path: Pa
     # Prepare: the stripped model a board downloads, and start weights from the server
     import numpy as np
 
-    from device.manifest import manifest_path_for
     from device.runtime import TFLiteModel
-    from server.artifact import device_artifact
+    from server.artifact import write_device_artifact
 
     model = zoo_model("mclr_synthetic")
-    stripped, manifest = device_artifact(model.read_bytes(), json.loads(manifest_path_for(model).read_text()))
-    artifact = tmp_path / model.name
-    artifact.write_bytes(stripped)
-    manifest_path_for(artifact).write_text(json.dumps(manifest))
+    artifact = write_device_artifact(model, tmp_path / "device")
     np.save(tmp_path / "start.npy", TFLiteModel(model).get_weights())
 
     # Execute

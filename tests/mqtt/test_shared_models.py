@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -82,3 +83,6 @@ def test_parallel_round_sends_the_start_model_once_and_clears_it(broker, femnist
     assert server_models_to_devices == []
     assert left_on_broker == []
     assert not observer.problems
+    # the model the devices downloaded is the stripped artifact (server/artifact.py)
+    (manifest,) = [json.loads(p) for t, p in observer.seen if t == f"{topics.root}/artifact/manifest"]
+    assert manifest["initial_weights"] is False

@@ -12,16 +12,11 @@ from device.errors import ModelError
 from device.manifest import load_manifest, manifest_path_for, parse_manifest
 from device.runtime import TFLiteModel
 from models.export import builtin_op_names, flex_ops
-from server.artifact import device_artifact, strip_initial_values
+from server.artifact import device_artifact, strip_initial_values, write_device_artifact
 
 
 def _device_copy(model_path: Path, tmp_path: Path) -> TFLiteModel:
-    raw = json.loads(manifest_path_for(model_path).read_text())
-    stripped, manifest = device_artifact(model_path.read_bytes(), raw)
-    out = tmp_path / model_path.name
-    out.write_bytes(stripped)
-    manifest_path_for(out).write_text(json.dumps(manifest))
-    return TFLiteModel(out, num_threads=1)
+    return TFLiteModel(write_device_artifact(model_path, tmp_path), num_threads=1)
 
 
 @pytest.mark.parametrize("name", ["cnn_femnist", "mlp_mnist"])

@@ -127,3 +127,14 @@ def test_model_whose_classes_do_not_fit_the_data_is_refused(tmp_path, capsys) ->
 
 def test_default_model_per_dataset() -> None:
     assert SimulationConfig(dataset="femnist").model_name == "cnn_femnist"
+
+
+def test_strategies_command_lists_each_strategys_set_parameters(capsys) -> None:
+    from server.strategies import strategy_parameters
+
+    assert main(["strategies"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    fedgsp = lines.index(next(line for line in lines if line.startswith("fedgsp ")))
+    listed = {p.strip() for p in lines[fedgsp + 1].split("--set:")[1].split(",")}
+    assert listed == strategy_parameters("fedgsp") - {"train"}
+    assert "kappa" in listed
