@@ -66,7 +66,9 @@ def _litert_child(model_path: str, start_path: str, batch: int, threads: int, se
     model.train(x, y, batch_size=batch, lr=0.001, max_steps=5, seed=0, initial_weights=start_weights)
     del start_weights
     steps = 10
+    result = None
     while True:
+        result = None  # a device holds one round's result at a time, not the last run's too
         start = time.perf_counter()
         result = model.train(x, y, epochs=1000, batch_size=batch, lr=0.001, max_steps=steps, seed=1)
         elapsed = time.perf_counter() - start

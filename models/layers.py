@@ -94,13 +94,26 @@ class Layer:
         return []
 
     def buffers(self, prefix: str) -> list[ParamSpec]:
-        """Non-trainable state (zeros initially); not part of the flat weights."""
+        """Non-trainable state (zeros initially); not part of the flat weights.
+
+        The last ``/``-separated part of each name is the key under which
+        ``forward`` and ``backward`` find the buffer in their ``state``.
+        """
+        return []
+
+    def mirrors(self, prefix: str) -> list[tuple[ParamSpec, int]]:
+        """Transposed copies of parameters, as ``(spec, index into params)``.
+
+        A mirror always equals the transpose of its parameter: every signature
+        that writes the parameter writes the mirror too. Like buffers, mirrors
+        reach ``forward``/``backward`` in ``state`` under their name's last part.
+        """
         return []
 
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         raise NotImplementedError
 
-    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
 
     def backward(
@@ -108,7 +121,7 @@ class Layer:
         grad_out: Tensor,
         cache: dict[str, Tensor],
         weights: list[Tensor],
-        buffers: list[Tensor],
+        state: dict[str, Tensor],
         scale: Tensor,
         need_input_grad: bool,
         defer: bool = False,
@@ -132,10 +145,15 @@ class Dense(Layer):
     while the large ``W`` is written only when the factors are folded in
     (``flush``). For the 3136x2048 layer of the FEMNIST CNN this removes a 26 MB
     add and a 26 MB variable write from every step.
+
+    With ``mirror=True`` the model also keeps ``W^T`` (``kernel_t``) and computes the
+    input gradient as ``(W^T dz^T)^T``, so XNNPACK streams the mirror instead of
+    repacking ``W`` on every step (docs/models.md, "The kernel mirror").
     """
 
-    def __init__(self, n_in: int, n_out: int, relu: bool, deferred_rank: int = 0) -> None:
+    def __init__(self, n_in: int, n_out: int, relu: bool, deferred_rank: int = 0, mirror: bool = False) -> None:
         self.n_in, self.n_out, self.relu, self.deferred_rank = n_in, n_out, relu, deferred_rank
+        self.mirror = mirror
 
     def params(self, prefix: str) -> list[ParamSpec]:
         return [
@@ -151,17 +169,21 @@ class Dense(Layer):
             ParamSpec(f"{prefix}/pending_in", (self.deferred_rank, self.n_in), "zeros"),
         ]
 
+    def mirrors(self, prefix: str) -> list[tuple[ParamSpec, int]]:
+        if not self.mirror:
+            return []
+        return [(ParamSpec(f"{prefix}/kernel_t", (self.n_in, self.n_out), "glorot", self.n_in, self.n_out), 0)]
+
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return (self.n_out,)
 
-    def effective_kernel(self, kernel: Tensor, buffers: list[Tensor]) -> Tensor:
+    def effective_kernel(self, kernel: Tensor, state: dict[str, Tensor]) -> Tensor:
         """``W + U^T V`` (only needed to read or fold in the weights)."""
-        if not buffers:
+        if "pending_out" not in state:
             return kernel
-        pending_out, pending_in = buffers
-        return kernel + tf.matmul(pending_out, pending_in)
+        return kernel + tf.matmul(state["pending_out"], state["pending_in"])
 
-    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
         # z^T = W @ x^T as a rank-3 BATCH_MATMUL: XNNPACK streams W as the left
         # operand without repacking it, on every thread. The obvious x @ W^T would
@@ -169,8 +191,8 @@ class Dense(Layer):
         # single-threaded Eigen path that repacks W each step (measured 2x slower).
         x3 = tf.reshape(x, [1, -1, self.n_in])
         z_t = tf.matmul(kernel, x3, transpose_b=True)
-        if buffers:
-            pending_out, pending_in = buffers
+        if "pending_out" in state:
+            pending_out, pending_in = state["pending_out"], state["pending_in"]
             z_t = z_t + tf.matmul(pending_out, tf.matmul(pending_in, x3, transpose_b=True))
         z = tf.transpose(tf.reshape(z_t, [self.n_out, -1])) + bias
         if self.relu:
@@ -182,7 +204,7 @@ class Dense(Layer):
         grad_out: Tensor,
         cache: dict[str, Tensor],
         weights: list[Tensor],
-        buffers: list[Tensor],
+        state: dict[str, Tensor],
         scale: Tensor,
         need_input_grad: bool,
         defer: bool = False,
@@ -193,9 +215,15 @@ class Dense(Layer):
         grad_bias = tf.reduce_sum(scaled, axis=0)
         grad_in = None
         if need_input_grad:
-            grad_in = tf.matmul(dz, kernel)
-            if buffers:
-                pending_out, pending_in = buffers
+            if "kernel_t" in state:
+                # dx^T = W^T dz^T with the mirror as the streamed left operand: XNNPACK
+                # would otherwise repack all of W for dz @ W on every step.
+                dx_t = tf.matmul(state["kernel_t"], tf.reshape(dz, [1, -1, self.n_out]), transpose_b=True)
+                grad_in = tf.transpose(tf.reshape(dx_t, [self.n_in, -1]))
+            else:
+                grad_in = tf.matmul(dz, kernel)
+            if "pending_out" in state:
+                pending_out, pending_in = state["pending_out"], state["pending_in"]
                 grad_in = grad_in + tf.matmul(tf.matmul(dz, pending_out), pending_in)
         if defer and self.deferred_rank:
             return Backward(grad_in, [None, grad_bias], (tf.transpose(scaled), cache["x"]))
@@ -242,7 +270,7 @@ class Conv2D(Layer):
         p = self.k // 2
         return tf.pad(x, [[0, 0], [p, p], [p, p], [0, 0]])
 
-    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
         cols = _im2col(self._pad(x), self.k, self.h, self.w)
         z = tf.matmul(cols, kernel) + bias  # [N, H, W, taps] @ [taps, out]: no reshape copy
@@ -274,7 +302,7 @@ class Conv2D(Layer):
         grad_out: Tensor,
         cache: dict[str, Tensor],
         weights: list[Tensor],
-        buffers: list[Tensor],
+        state: dict[str, Tensor],
         scale: Tensor,
         need_input_grad: bool,
         defer: bool = False,
@@ -315,7 +343,7 @@ class MaxPool2(Layer):
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return (self.h // 2, self.w // 2, self.c)
 
-    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         y = tf.nn.max_pool2d(x, 2, 2, "VALID")
         return y, {"x": x, "y": y}
 
@@ -324,7 +352,7 @@ class MaxPool2(Layer):
         grad_out: Tensor,
         cache: dict[str, Tensor],
         weights: list[Tensor],
-        buffers: list[Tensor],
+        state: dict[str, Tensor],
         scale: Tensor,
         need_input_grad: bool,
         defer: bool = False,
@@ -354,7 +382,7 @@ class Reshape(Layer):
     def output_shape(self, input_shape: tuple[int, ...]) -> tuple[int, ...]:
         return self.out_shape
 
-    def forward(self, x: Tensor, weights: list[Tensor], buffers: list[Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+    def forward(self, x: Tensor, weights: list[Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         return tf.reshape(x, [-1, *self.out_shape]), {}
 
     def backward(
@@ -362,7 +390,7 @@ class Reshape(Layer):
         grad_out: Tensor,
         cache: dict[str, Tensor],
         weights: list[Tensor],
-        buffers: list[Tensor],
+        state: dict[str, Tensor],
         scale: Tensor,
         need_input_grad: bool,
         defer: bool = False,

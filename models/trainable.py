@@ -41,8 +41,16 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from models.layers import Backward, Dense, Tensor, softmax_cross_entropy
+from models.layers import Backward, Dense, ParamSpec, Tensor, softmax_cross_entropy
 from models.zoo import Architecture
+
+MIRROR_PREFIX = "mirror_"  # transposed copies of weights (server.artifact strips their initial values)
+
+
+def tensor_key(name: str) -> str:
+    """The input/output name of a tensor in ``get_tensors``/``set_tensors``
+    (``device.runtime`` applies the same rule to the manifest's names)."""
+    return name.replace("/", "_")
 
 
 def _var_name(prefix: str, name: str) -> str:
@@ -64,17 +72,30 @@ class TrainableModel(tf.Module):
         self.n_params = arch.n_params
         self._param_slices: list[tuple[int, int]] = []
         self._buffer_slices: list[tuple[int, int]] = []
-        buffer_specs = []
-        p = b = 0
+        self._mirror_slices: list[tuple[int, int]] = []
+        buffer_specs: list[ParamSpec] = []
+        self.mirror_of: list[int] = []  # mirror i is the transpose of weights[mirror_of[i]]
+        mirrors: list[tf.Variable] = []
+        mirror_keys: list[str] = []
+        p = 0
         for i, layer in enumerate(arch.layers):
             n_p, extra = len(layer.params("p")), layer.buffers(f"layer{i}")
             self._param_slices.append((p, p + n_p))
-            self._buffer_slices.append((b, b + len(extra)))
+            self._buffer_slices.append((len(buffer_specs), len(buffer_specs) + len(extra)))
             buffer_specs.extend(extra)
-            p, b = p + n_p, b + len(extra)
+            own_mirrors = layer.mirrors(f"layer{i}")
+            self._mirror_slices.append((len(mirrors), len(mirrors) + len(own_mirrors)))
+            for spec, index in own_mirrors:
+                self.mirror_of.append(p + index)
+                mirrors.append(tf.Variable(initial[p + index].T, name=_var_name(MIRROR_PREFIX, spec.name)))
+                mirror_keys.append(spec.name.rsplit("/", 1)[-1])
+            p += n_p
         self.buffers = [
             tf.Variable(np.zeros(s.shape, np.float32), name=_var_name("buffer_", s.name)) for s in buffer_specs
         ]
+        self._buffer_keys = [s.name.rsplit("/", 1)[-1] for s in buffer_specs]
+        self.mirrors = mirrors
+        self._mirror_keys = mirror_keys
         self.deferred_rank = max((layer.deferred_rank for layer in arch.layers if isinstance(layer, Dense)), default=0)
 
         x_spec = tf.TensorSpec([None, *arch.input_shape], tf.float32, name="x")
@@ -89,6 +110,9 @@ class TrainableModel(tf.Module):
         self.gradients = tf.function(self._gradients, input_signature=[x_spec, y_spec])
         self.get_weights = tf.function(self._get_weights, input_signature=[])
         self.set_weights = tf.function(self._set_weights, input_signature=[flat])
+        self.get_tensors = tf.function(self._get_tensors, input_signature=[])
+        per_tensor = [tf.TensorSpec(s.shape, tf.float32, name=tensor_key(s.name)) for s in self.specs]
+        self.set_tensors = tf.function(self._set_tensors, input_signature=per_tensor)
         if self.deferred_rank:
             slot = tf.TensorSpec([], tf.int32, name="slot")
             self.train_deferred = tf.function(self._train_deferred, input_signature=[x_spec, y_spec, scalar, slot])
@@ -99,29 +123,51 @@ class TrainableModel(tf.Module):
         start, stop = slices[i]
         return values[start:stop]
 
-    def _read(self) -> tuple[list[Tensor], list[Tensor]]:
-        return [w.read_value() for w in self.weights], [b.read_value() for b in self.buffers]
-
     def _read_weights(self) -> list[Tensor]:
         return [w.read_value() for w in self.weights]
 
-    def _effective(self, values: list[Tensor], buffers: list[Tensor]) -> list[Tensor]:
-        """Parameter values with pending deferred updates folded in."""
-        out = list(values)
+    def _read_state(self, with_buffers: bool) -> tuple[list[Tensor], list[Tensor]]:
+        """Buffers (pending deferred updates; only when asked) and mirrors."""
+        buffers = [b.read_value() for b in self.buffers] if with_buffers else []
+        return buffers, [m.read_value() for m in self.mirrors]
+
+    def _state(self, i: int, buffers: list[Tensor], mirrors: list[Tensor]) -> dict[str, Tensor]:
+        """Layer ``i``'s buffers and mirrors by key (see ``Layer.buffers``)."""
+        state: dict[str, Tensor] = {}
+        if buffers:
+            start, stop = self._buffer_slices[i]
+            state.update(zip(self._buffer_keys[start:stop], buffers[start:stop], strict=True))
+        if mirrors:
+            start, stop = self._mirror_slices[i]
+            state.update(zip(self._mirror_keys[start:stop], mirrors[start:stop], strict=True))
+        return state
+
+    def _assign_weights(self, new_values: list[Tensor | None]) -> None:
+        """Write the weights that changed (``None``: unchanged), and their mirrors."""
+        for var, value in zip(self.weights, new_values, strict=True):
+            if value is not None:
+                var.assign(value)
+        for mirror, source in zip(self.mirrors, self.mirror_of, strict=True):
+            if new_values[source] is not None:
+                mirror.assign(tf.transpose(new_values[source]))
+
+    def _effective(self, values: list[Tensor], buffers: list[Tensor]) -> list[Tensor | None]:
+        """Kernels with pending deferred updates folded in (``None`` for the others)."""
+        out: list[Tensor | None] = [None] * len(values)
         for i, layer in enumerate(self.arch.layers):
-            own = self._of(buffers, self._buffer_slices, i)
-            if own and isinstance(layer, Dense):
+            state = self._state(i, buffers, [])
+            if state and isinstance(layer, Dense):
                 start, _ = self._param_slices[i]
-                out[start] = layer.effective_kernel(values[start], own)
+                out[start] = layer.effective_kernel(values[start], state)
         return out
 
     def _forward(
-        self, x: Tensor, values: list[Tensor], buffers: list[Tensor]
+        self, x: Tensor, values: list[Tensor], buffers: list[Tensor], mirrors: list[Tensor]
     ) -> tuple[Tensor, list[dict[str, Tensor]]]:
         caches = []
         for i, layer in enumerate(self.arch.layers):
             own_values = self._of(values, self._param_slices, i)
-            x, cache = layer.forward(x, own_values, self._of(buffers, self._buffer_slices, i))
+            x, cache = layer.forward(x, own_values, self._state(i, buffers, mirrors))
             caches.append(cache)
         return x, caches
 
@@ -131,6 +177,7 @@ class TrainableModel(tf.Module):
         caches: list[dict[str, Tensor]],
         values: list[Tensor],
         buffers: list[Tensor],
+        mirrors: list[Tensor],
         scale: Tensor,
         defer: bool,
     ) -> list[Backward | None]:
@@ -142,7 +189,7 @@ class TrainableModel(tf.Module):
                 grad,
                 caches[i],
                 self._of(values, self._param_slices, i),
-                self._of(buffers, self._buffer_slices, i),
+                self._state(i, buffers, mirrors),
                 scale,
                 need_input_grad=i > first_with_params,
                 defer=defer,
@@ -154,10 +201,11 @@ class TrainableModel(tf.Module):
     def _step(
         self, x: Tensor, y: Tensor, scale: Tensor, defer: bool
     ) -> tuple[Tensor, list[Tensor], list[Tensor], list[Backward | None]]:
-        values, buffers = self._read() if defer else (self._read_weights(), [])
-        logits, caches = self._forward(x, values, buffers)
+        values = self._read_weights()
+        buffers, mirrors = self._read_state(with_buffers=defer)
+        logits, caches = self._forward(x, values, buffers, mirrors)
         loss, dlogits, _ = softmax_cross_entropy(logits, y, self.arch.n_classes)
-        return loss, values, buffers, self._backward(dlogits, caches, values, buffers, scale, defer)
+        return loss, values, buffers, self._backward(dlogits, caches, values, buffers, mirrors, scale, defer)
 
     @staticmethod
     def _flat_grads(results: list[Backward | None]) -> list[Tensor | None]:
@@ -166,17 +214,15 @@ class TrainableModel(tf.Module):
     # -- signatures ---------------------------------------------------------------
     def _train(self, x: Tensor, y: Tensor, lr: Tensor) -> dict[str, Tensor]:
         loss, values, _, results = self._step(x, y, -lr, defer=False)
-        for var, value, delta in zip(self.weights, values, self._flat_grads(results), strict=True):
-            var.assign(value + delta)
+        self._assign_weights([value + delta for value, delta in zip(values, self._flat_grads(results), strict=True)])
         return {"loss": loss}
 
     def _train_deferred(self, x: Tensor, y: Tensor, lr: Tensor, slot: Tensor) -> dict[str, Tensor]:
         from tensorflow.compiler.tf2xla.python import xla
 
         loss, values, buffers, results = self._step(x, y, -lr, defer=True)
-        for var, value, delta in zip(self.weights, values, self._flat_grads(results), strict=True):
-            if delta is not None:
-                var.assign(value + delta)
+        deltas = self._flat_grads(results)
+        self._assign_weights([None if d is None else v + d for v, d in zip(values, deltas, strict=True)])
         zero = tf.constant(0, tf.int32)
         for i, result in enumerate(results):
             if result is None or result.factors is None:
@@ -193,18 +239,20 @@ class TrainableModel(tf.Module):
             buf.assign(tf.zeros(buf.shape, tf.float32))
 
     def _flush(self) -> dict[str, Tensor]:
-        values, buffers = self._read()
-        for var, value, effective in zip(self.weights, values, self._effective(values, buffers), strict=True):
-            if effective is not value:
-                var.assign(effective)
+        buffers, _ = self._read_state(with_buffers=True)
+        self._assign_weights(self._effective(self._read_weights(), buffers))
         self._clear_buffers()
         return {"n_params": tf.constant(self.n_params, tf.int32)}
 
     def _train_prox(self, x: Tensor, y: Tensor, lr: Tensor, mu: Tensor) -> dict[str, Tensor]:
         loss, values, _, results = self._step(x, y, -lr, defer=False)
         step = lr * mu
-        for var, anchor, value, delta in zip(self.weights, self.anchor, values, self._flat_grads(results), strict=True):
-            var.assign(value + delta - step * (value - anchor.read_value()))
+        self._assign_weights(
+            [
+                value + delta - step * (value - anchor.read_value())
+                for anchor, value, delta in zip(self.anchor, values, self._flat_grads(results), strict=True)
+            ]
+        )
         return {"loss": loss}
 
     def _set_anchor(self) -> dict[str, Tensor]:
@@ -213,11 +261,11 @@ class TrainableModel(tf.Module):
         return {"n_params": tf.constant(self.n_params, tf.int32)}
 
     def _infer(self, x: Tensor) -> dict[str, Tensor]:
-        logits, _ = self._forward(x, self._read_weights(), [])
+        logits, _ = self._forward(x, self._read_weights(), [], [])
         return {"logits": logits}
 
     def _evaluate(self, x: Tensor, y: Tensor) -> dict[str, Tensor]:
-        logits, _ = self._forward(x, self._read_weights(), [])
+        logits, _ = self._forward(x, self._read_weights(), [], [])
         loss, _, correct = softmax_cross_entropy(logits, y, self.arch.n_classes)
         return {"loss": loss, "correct": correct}
 
@@ -230,16 +278,26 @@ class TrainableModel(tf.Module):
         return {"weights": tf.concat([tf.reshape(w, [-1]) for w in self._read_weights()], 0)}
 
     def _set_weights(self, weights: Tensor) -> dict[str, Tensor]:
-        offset = 0
-        for var, spec in zip(self.weights, self.specs, strict=True):
-            var.assign(tf.reshape(weights[offset : offset + spec.size], spec.shape))
+        offset, values = 0, []
+        for spec in self.specs:
+            values.append(tf.reshape(weights[offset : offset + spec.size], spec.shape))
             offset += spec.size
+        self._assign_weights(values)
+        self._clear_buffers()
+        return {"n_params": tf.constant(self.n_params, tf.int32)}
+
+    def _get_tensors(self) -> dict[str, Tensor]:
+        return {tensor_key(s.name): w for s, w in zip(self.specs, self._read_weights(), strict=True)}
+
+    def _set_tensors(self, *tensors: Tensor) -> dict[str, Tensor]:
+        self._assign_weights(list(tensors))
         self._clear_buffers()
         return {"n_params": tf.constant(self.n_params, tf.int32)}
 
     def signatures(self) -> dict[str, Any]:
         """Concrete functions keyed by signature name, for ``tf.saved_model.save``."""
         names = ["train", "train_prox", "set_anchor", "infer", "evaluate", "gradients", "get_weights", "set_weights"]
+        names += ["get_tensors", "set_tensors"]
         if self.deferred_rank:
             names += ["train_deferred", "flush"]
         return {name: getattr(self, name).get_concrete_function() for name in names}

@@ -74,7 +74,7 @@ def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str) -> Arc
     else:
         head = (
             Reshape((7, 7, 64), (3136,)),
-            Dense(3136, dense, relu=True, deferred_rank=DEFERRED_RANK),
+            Dense(3136, dense, relu=True, deferred_rank=DEFERRED_RANK, mirror=True),
             Dense(dense, n_classes, relu=False),
         )
         shape = f"conv{k}x{k}·32 → pool → conv{k}x{k}·64 → pool → dense {dense} → dense {n_classes}"

@@ -5,10 +5,11 @@ pre-train and evaluate request brings the weights to start from. The initial
 values are constants in the ``.tflite`` file that the init subgraph copies into
 the resource variables. For the FEMNIST CNN that is 26 MB of a 29 MB file, and
 26 MB of a board's memory. The FedProx anchor is a second 26 MB variable that
-FedProx alone reads. So the coordinator publishes a stripped copy: the init
-subgraph no longer assigns the weights or the anchor, and their constants are gone.
+FedProx alone reads, and the kernel mirror (``models.layers.Layer.mirrors``) a
+third. So the coordinator publishes a stripped copy: the init subgraph assigns only
+the deferred-update buffers, which must start at zero; every other constant is gone.
 A variable then comes into being at its first assignment: ``set_weights`` for the
-weights, ``set_anchor`` for the anchor. The other signatures and their ops are
+weights and their mirrors, ``set_anchor`` for the anchor. The other signatures and their ops are
 byte-for-byte the model's own, and training from the same weights gives the same
 result (``tests/server/test_artifact.py``).
 

@@ -28,7 +28,8 @@ after = m.evaluate(x, y)
 flat = m.get_weights(); m.set_weights(flat)
 print(json.dumps({"backend": m.backend.name, "version": m.backend.version, "numpy": np.__version__,
                   "before": before.loss, "after": after.loss, "acc": after.accuracy,
-                  "exact": bool((m.get_weights() == flat).all())}))
+                  "exact": bool((m.get_weights() == flat).all()),
+                  "flat_signature": bool((m._runner("get_weights")()["weights"] == flat).all())}))
 """
 
 
@@ -59,6 +60,7 @@ def test_device_runtime_trains_under_tflite_runtime(zoo_model) -> None:
     assert result["after"] < result["before"] - 0.5
     assert result["acc"] > 0.7
     assert result["exact"]
+    assert result["flat_signature"]  # get_weights read per tensor through views agrees
 
 
 ARTIFACT_SCRIPT = """

@@ -143,3 +143,56 @@ def test_runtime_training_leaves_no_pending_rows(zoo_model) -> None:
     result = model.train(x, y, batch_size=5, lr=0.01, seed=0)
     assert model._pending_rows == 0
     np.testing.assert_array_equal(result.weights, model.get_weights())
+
+
+def _moved(w: np.ndarray, seed: int) -> np.ndarray:
+    return w + np.random.default_rng(seed).normal(0, 0.02, w.shape).astype(np.float32)
+
+
+def _write_set_weights(model: TFLiteModel, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    model._runner("set_weights")(weights=_moved(w, 1))  # the flat signature, not set_tensors
+
+
+def _write_set_tensors(model: TFLiteModel, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    model.set_weights(_moved(w, 2))  # the runtime uses set_tensors
+
+
+def _write_train(model: TFLiteModel, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    model._runner("train")(x=x, y=y, lr=np.float32(0.5))
+
+
+def _write_train_prox(model: TFLiteModel, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    model.set_weights(_moved(w, 3))
+    model._runner("set_anchor")()
+    model.set_weights(w)
+    model._runner("train_prox")(x=x, y=y, lr=np.float32(0.5), mu=np.float32(1.0))
+
+
+def _write_flush(model: TFLiteModel, w: np.ndarray, x: np.ndarray, y: np.ndarray) -> None:
+    model._runner("train_deferred")(x=x, y=y, lr=np.float32(0.5), slot=np.int32(0))
+    model._runner("flush")()
+
+
+@pytest.mark.parametrize(
+    "write", [_write_set_weights, _write_set_tensors, _write_train, _write_train_prox, _write_flush]
+)
+def test_kernel_mirror_follows_every_write_of_its_kernel(zoo_model, write) -> None:
+    """The FEMNIST CNN keeps W^T of its 3136x2048 kernel for the input gradient. After
+    each signature that writes W, gradients at the weights get_weights reports must
+    equal GradientTape's: a stale mirror would give wrong gradients to both conv layers."""
+    # Prepare
+    model = TFLiteModel(zoo_model("cnn_femnist"))
+    x, y = _batch("cnn_femnist", n=5)
+    w0 = model.get_weights()
+
+    # Execute
+    write(model, w0, x, y)
+    w1 = model.get_weights()
+    got = model.gradients(x, y)
+
+    # Assert: the weights moved, and the gradients there are right for every tensor
+    assert np.abs(w1 - w0).max() > 1e-3
+    for t in model.manifest.tensors:  # not a dead network, whose zero gradients any mirror fits
+        assert np.linalg.norm(got[t.offset : t.offset + t.size]) > 0, t.name
+    errors = _per_tensor_relative_error(model, got, _tape_gradients("cnn_femnist", w1, x, y))
+    assert max(errors.values()) <= RTOL, errors

@@ -48,7 +48,7 @@ def test_device_artifact_is_small_builtin_only_and_says_it_has_no_weights(zoo_mo
     original = path.read_bytes()
     stripped, manifest = device_artifact(original, json.loads(manifest_path_for(path).read_text()))
 
-    assert len(stripped) < len(original) / 5  # 29 MB -> about 3 MB
+    assert len(stripped) < len(original) / 10  # 55 MB (weights and the kernel mirror) -> about 3 MB
     assert flex_ops(stripped) == []
     assert builtin_op_names(stripped) <= builtin_op_names(original)
     parsed = parse_manifest(manifest, "device manifest")
