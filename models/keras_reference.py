@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from models.layers import Conv2D, Dense, MaxPool2, Reshape
+from models.layers import Conv2D, Dense, Reshape
 from models.zoo import Architecture
 
 
@@ -21,11 +21,10 @@ def keras_model(arch: Architecture) -> Any:
         if isinstance(layer, Dense):
             layers.append(keras.layers.Dense(layer.n_out, activation="relu" if layer.relu else None))
         elif isinstance(layer, Conv2D):
-            layers.append(
-                keras.layers.Conv2D(layer.c_out, layer.k, padding="same", activation="relu" if layer.relu else None)
-            )
-        elif isinstance(layer, MaxPool2):
-            layers.append(keras.layers.MaxPool2D(2))
+            activation = "relu" if layer.relu else None
+            layers.append(keras.layers.Conv2D(layer.c_out, layer.k, padding="same", activation=activation))
+            if layer.pool:
+                layers.append(keras.layers.MaxPool2D(2))
         elif isinstance(layer, Reshape):
             layers.append(keras.layers.Reshape(layer.out_shape))
         else:  # pragma: no cover - the zoo only uses the layers above

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from models.layers import Conv2D, Dense, Layer, MaxPool2, ParamSpec, Reshape
+from models.layers import Conv2D, Dense, Layer, ParamSpec, Reshape
 
 
 @dataclass(frozen=True)
@@ -85,10 +85,8 @@ def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str) -> Arc
         n_classes,
         (
             Reshape((784,), (28, 28, 1)),
-            Conv2D(28, 28, 1, 32, k, relu=True),
-            MaxPool2(28, 28, 32),
-            Conv2D(14, 14, 32, 64, k, relu=True),
-            MaxPool2(14, 14, 64),
+            Conv2D(28, 28, 1, 32, k, relu=True, pool=True),  # conv(+b, ReLU) -> 2x2 max-pool
+            Conv2D(14, 14, 32, 64, k, relu=True, pool=True),
             *head,
         ),
     )
