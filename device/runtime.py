@@ -40,7 +40,7 @@ EVAL_BATCH = 32
 
 def tensor_key(name: str) -> str:
     """A manifest tensor's input/output name in ``get_tensors``/``set_tensors``
-    (the rule ``models.trainable.tensor_key`` builds them with)."""
+    (``models.trainable`` names the signatures' tensors with this function)."""
     return name.replace("/", "_")
 
 

@@ -41,20 +41,15 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from device.runtime import tensor_key  # the runtime finds get_tensors/set_tensors names by the same rule
 from models.layers import Backward, Dense, ParamSpec, Tensor, softmax_cross_entropy
 from models.zoo import Architecture
 
 MIRROR_PREFIX = "mirror_"  # transposed copies of weights (server.artifact strips their initial values)
 
 
-def tensor_key(name: str) -> str:
-    """The input/output name of a tensor in ``get_tensors``/``set_tensors``
-    (``device.runtime`` applies the same rule to the manifest's names)."""
-    return name.replace("/", "_")
-
-
 def _var_name(prefix: str, name: str) -> str:
-    return prefix + name.replace("/", "_")
+    return prefix + tensor_key(name)
 
 
 class TrainableModel(tf.Module):
