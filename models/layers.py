@@ -263,6 +263,26 @@ def _taps(x_padded: Tensor, k: int, height: int, width: int) -> Tensor:
     return tf.reshape(taps, [-1, k * k, height * width])
 
 
+def _pool_phase_order(taps: Tensor, height: int, width: int) -> Tensor:
+    """Reorder the positions of ``[N, taps, H*W]`` patches as ``(a, b, h', w')``.
+
+    Position ``(2h' + a, 2w' + b)`` moves to phase ``(a, b)``, so a convolution computed
+    from these patches comes out as ``[N, 4, H*W/4, out]``: the 2x2 pooling window of
+    output ``(h', w')`` is the phase axis. Pooling is then a max over that axis and its
+    backward pass a broadcast over it, with no upsampling (see ``Conv2D``).
+    """
+    n_taps = taps.shape[1]
+    grid = tf.reshape(taps, [-1, height // 2, 2, width // 2, 2])  # [N*taps, h', a, w', b]
+    phases = tf.transpose(grid, [0, 2, 4, 1, 3])  # [N*taps, a, b, h', w']
+    return tf.reshape(phases, [-1, n_taps, height * width])
+
+
+def _from_pool_phase_order(t: Tensor, height: int, width: int, channels: int) -> Tensor:
+    """The inverse of :func:`_pool_phase_order` for ``[N, 4, H*W/4, C]`` activations."""
+    grid = tf.reshape(t, [-1, 2, 2, height // 2, width // 2, channels])  # [N, a, b, h', w', C]
+    return tf.reshape(tf.transpose(grid, [0, 3, 1, 4, 2, 5]), [-1, height, width, channels])
+
+
 def _upsample2(t: Tensor) -> Tensor:
     """Nearest-neighbour 2x upsampling of NHWC by two 2-way concatenations and
     reshapes (``RESIZE_NEAREST_NEIGHBOR`` has no XNNPACK kernel)."""
@@ -293,6 +313,12 @@ class Conv2D(Layer):
             raise ValueError(f"2x2 pooling needs even height and width, got {height}x{width}")
         self.h, self.w, self.c_in, self.c_out, self.k, self.relu = height, width, c_in, c_out, k, relu
         self.pool = pool
+        # A single-channel input's patches are small ([N, k*k, H*W]), so reordering them
+        # into pooling phases is cheap, and it spares the two upsamplings of the
+        # full-resolution pooling backward pass (-0.4 ms of a 6.5 ms MNIST CNN step at
+        # batch 32). For wider inputs the patch matrix is k*k*C_in wide, and reordering
+        # it would cost more than the upsamplings.
+        self._phase_pooling = pool and c_in == 1
 
     def params(self, prefix: str) -> list[ParamSpec]:
         taps = self.k * self.k * self.c_in
@@ -313,7 +339,12 @@ class Conv2D(Layer):
     def forward(self, x: Tensor, weights: list[Tensor], state: dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
         kernel, bias = weights
         cache: dict[str, Tensor] = {}
-        if self.c_in == 1:
+        if self._phase_pooling:
+            # patches in pooling-phase order: z is [N, 4, H*W/4, out], pooled over axis 1
+            taps = _pool_phase_order(_taps(self._pad(x), self.k, self.h, self.w), self.h, self.w)
+            cache["taps"] = taps
+            cols = tf.reshape(tf.transpose(taps, [0, 2, 1]), [-1, 4, self.h * self.w // 4, self.k * self.k])
+        elif self.c_in == 1:
             taps = _taps(self._pad(x), self.k, self.h, self.w)
             cache["taps"] = taps
             cols = tf.reshape(tf.transpose(taps, [0, 2, 1]), [-1, self.h, self.w, self.k * self.k])
@@ -323,8 +354,13 @@ class Conv2D(Layer):
         z = tf.matmul(cols, kernel)  # [N, H, W, taps] @ [taps, out]: no reshape copy
         if self.pool:
             cache["conv"] = z
-            z = tf.nn.max_pool2d(z, 2, 2, "VALID")
-            cache["pooled"] = z
+            if self._phase_pooling:
+                z = tf.nn.max_pool2d(z, [4, 1], [4, 1], "VALID")  # [N, 1, H*W/4, out]
+                cache["pooled"] = z
+                z = tf.reshape(z, [-1, self.h // 2, self.w // 2, self.c_out])
+            else:
+                z = tf.nn.max_pool2d(z, 2, 2, "VALID")
+                cache["pooled"] = z
         z = z + bias
         if self.relu:
             cache["active"] = positive_mask(z)
@@ -374,19 +410,35 @@ class Conv2D(Layer):
         dz = grad_out * cache["active"] if self.relu else grad_out
         grad_bias = tf.reduce_sum(tf.reshape(dz, [-1, self.c_out]), axis=0) * scale
         if self.pool:
-            # upsample(pooled) - conv >= 0, and == 0 exactly at each window's maxima
-            winners = 1.0 - positive_mask(_upsample2(cache["pooled"]) - cache["conv"])
-            dz = _upsample2(dz) * winners
-        # scale the [taps, out] result, not the [N*H*W, out] output gradient
+            # gap = upsample(pooled) - conv >= 0, and == 0 exactly at each window's
+            # maxima, so relu(1 - ceil(gap)) is 1 there and 0 elsewhere: three ops
+            # (the relu fuses into the subtraction) on the full-resolution tensors.
+            # In phase order the upsampling is a broadcast over the phase axis.
+            if self._phase_pooling:
+                gap = cache["pooled"] - cache["conv"]
+                dz = tf.reshape(dz, [-1, 1, self.h * self.w // 4, self.c_out])
+            else:
+                gap = _upsample2(cache["pooled"]) - cache["conv"]
+                dz = _upsample2(dz)
+            dz = dz * tf.nn.relu(1.0 - tf.math.ceil(gap))
+        # One [taps, H*W] @ [H*W, out] product per sample, summed over the batch. As
+        # one [taps, N*H*W] @ [N*H*W, out] product the whole patch matrix is
+        # transposed at once and each output tile streams all of dz from L3; per
+        # sample both stay in L2 (measured: -0.25 ms of a 6.5 ms MNIST CNN step at
+        # batch 32, no change for the FEMNIST CNN). Single-channel patches are already
+        # [N, taps, H*W]. The scale multiplies the small [taps, out] result.
+        dz_per_sample = tf.reshape(dz, [-1, self.h * self.w, self.c_out])
         if "taps" in cache:
-            # one [k*k, H*W] @ [H*W, out] product per sample, summed: the patches are
-            # already the streamed left operand, so nothing is transposed
-            per_sample = tf.matmul(cache["taps"], tf.reshape(dz, [-1, self.h * self.w, self.c_out]))
-            grad_kernel = tf.reduce_sum(per_sample, axis=0) * scale
+            per_sample = tf.matmul(cache["taps"], dz_per_sample)
         else:
-            cols = tf.reshape(cache["cols"], [-1, self.k * self.k * self.c_in])
-            grad_kernel = tf.matmul(cols, tf.reshape(dz, [-1, self.c_out]), transpose_a=True) * scale
-        grad_in = self._input_gradient(dz, kernel) if need_input_grad else None
+            cols = tf.reshape(cache["cols"], [-1, self.h * self.w, self.k * self.k * self.c_in])
+            per_sample = tf.matmul(cols, dz_per_sample, transpose_a=True)
+        grad_kernel = tf.reduce_sum(per_sample, axis=0) * scale
+        grad_in = None
+        if need_input_grad:  # (the zoo's phase-pooled layers come first and need none)
+            if self._phase_pooling:
+                dz = _from_pool_phase_order(dz, self.h, self.w, self.c_out)
+            grad_in = self._input_gradient(dz, kernel)
         return Backward(grad_in, [grad_kernel, grad_bias])
 
 
