@@ -49,6 +49,7 @@ class Manifest:
     covey_version: str
     description: str = ""
     deferred_rank: int = 0
+    accumulate_chunk: int = 0
     # False for the artifact devices download (server/artifact.py): the file carries no
     # initial weights, so weights must be set before anything reads them
     initial_weights: bool = True
@@ -66,6 +67,7 @@ class Manifest:
             "tensors": [{"name": t.name, "shape": list(t.shape), "offset": t.offset} for t in self.tensors],
             "signatures": list(self.signatures),
             "deferred_rank": self.deferred_rank,
+            "accumulate_chunk": self.accumulate_chunk,
             "sha256": self.sha256,
             "covey_version": self.covey_version,
             "initial_weights": self.initial_weights,
@@ -126,6 +128,11 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
         raise ModelError(f"{where}: deferred_rank must be a non-negative integer, got {deferred_rank!r}")
     if deferred_rank and not {"train_deferred", "flush"} <= set(signatures):
         raise ModelError(f"{where}: deferred_rank is set but train_deferred/flush signatures are missing")
+    accumulate_chunk = raw.get("accumulate_chunk", 0)
+    if not isinstance(accumulate_chunk, int) or isinstance(accumulate_chunk, bool) or accumulate_chunk < 0:
+        raise ModelError(f"{where}: accumulate_chunk must be a non-negative integer, got {accumulate_chunk!r}")
+    if accumulate_chunk and not {"accumulate", "apply_accumulated", "apply_accumulated_prox"} <= set(signatures):
+        raise ModelError(f"{where}: accumulate_chunk is set but accumulate/apply_accumulated signatures are missing")
     initial_weights = raw.get("initial_weights", True)
     if not isinstance(initial_weights, bool):
         raise ModelError(f"{where}: initial_weights must be true or false, got {initial_weights!r}")
@@ -144,6 +151,7 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
         covey_version=_field(raw, "covey_version", str, where),
         description=raw.get("description", "") if isinstance(raw.get("description"), str) else "",
         deferred_rank=deferred_rank,
+        accumulate_chunk=accumulate_chunk,
         initial_weights=initial_weights,
     )
 

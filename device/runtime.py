@@ -18,6 +18,7 @@ input shape and labels in ``[0, n_classes)``.
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import os
 from collections.abc import Callable, Iterator
@@ -294,22 +295,56 @@ class TFLiteModel:
         self._runner("flush")()
         self._pending_rows = 0
 
-    def _step_function(self, lr: float, mu: float, batch_size: int) -> Callable[[np.ndarray, np.ndarray], float]:
-        """The per-batch step: FedProx, deferred-update SGD or plain SGD."""
+    def _accumulating_step(self, lr: float, mu: float) -> Callable[[np.ndarray, np.ndarray], float]:
+        """One SGD (or FedProx) step per batch, its gradient summed over chunks.
+
+        A batch of ``n`` splits into ``ceil(n / chunk)`` near-equal chunks; chunk ``c``
+        adds ``n_c / n`` times its mean-loss gradient, so the applied gradient is the
+        batch's mean gradient and the step is the one ``train``/``train_prox`` take.
+        """
+        accumulate, chunk = self._runner("accumulate"), self.manifest.accumulate_chunk
+        # the SGD step never reads the FedProx anchor (a device artifact has none before set_anchor)
+        apply_name, apply_args = "apply_accumulated", {"lr": np.float32(lr)}
+        if mu > 0:
+            apply_name, apply_args = "apply_accumulated_prox", {**apply_args, "mu": np.float32(mu)}
+        apply = self._runner(apply_name)
+
+        def accumulating_step(xb: np.ndarray, yb: np.ndarray) -> float:
+            n = len(xb)
+            n_chunks = -(-n // chunk)
+            bounds = [n * i // n_chunks for i in range(n_chunks + 1)]
+            loss = 0.0
+            for start, stop in itertools.pairwise(bounds):
+                weight = np.float32((stop - start) / n)
+                out = accumulate(x=xb[start:stop], y=yb[start:stop], weight=weight)
+                loss += float(weight) * float(out["loss"])
+            apply(**apply_args)
+            return loss
+
+        return accumulating_step
+
+    def _step_function(
+        self, lr: float, mu: float, batch_size: int, deferred: bool = True, accumulate: bool = True
+    ) -> Callable[[np.ndarray, np.ndarray], float]:
+        """The per-batch step: accumulated over chunks, FedProx, deferred-update SGD or plain SGD."""
         lr32 = np.float32(lr)
         if mu > 0:
             self._runner("set_anchor")()
+        chunk = self.manifest.accumulate_chunk
+        if accumulate and chunk and batch_size > chunk:
+            return self._accumulating_step(lr, mu)
+        if mu > 0:
             prox, mu32 = self._runner("train_prox"), np.float32(mu)
             return lambda xb, yb: float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
         rank = self.manifest.deferred_rank
-        if rank and 0 < batch_size <= rank:
-            deferred = self._runner("train_deferred")
+        if deferred and rank and batch_size <= rank:
+            train_deferred = self._runner("train_deferred")
 
             def deferred_step(xb: np.ndarray, yb: np.ndarray) -> float:
                 # Fold pending rows into the kernel before they run out (layers.Dense).
                 if self._pending_rows + len(xb) > rank:
                     self._flush()
-                loss = float(deferred(x=xb, y=yb, lr=lr32, slot=np.int32(self._pending_rows))["loss"])
+                loss = float(train_deferred(x=xb, y=yb, lr=lr32, slot=np.int32(self._pending_rows))["loss"])
                 self._pending_rows += len(xb)
                 return loss
 
@@ -330,6 +365,7 @@ class TFLiteModel:
         seed: int | np.random.Generator | None = 0,
         initial_weights: np.ndarray | None = None,
         deferred: bool = True,
+        accumulate: bool = True,
     ) -> TrainResult:
         """Run ``epochs`` epochs of mini-batch SGD and return the new weights.
 
@@ -338,7 +374,10 @@ class TFLiteModel:
         FedProx proximal term anchored at the weights training starts from.
         ``max_steps`` stops early (cold-start pre-training uses a fixed step count).
         Models with a deferred-update layer use ``train_deferred`` (same SGD, faster;
-        see ``models/layers.py``) unless ``deferred=False``.
+        see ``models/layers.py``) unless ``deferred=False``. Models with
+        ``accumulate_chunk`` train batches larger than it as one step whose gradient
+        is summed over chunks (same SGD, faster; see ``models/trainable.py``) unless
+        ``accumulate=False``.
         """
         if epochs < 1 or batch_size < 1 or not np.isfinite(lr) or lr <= 0 or mu < 0:
             raise DataError(f"invalid training settings epochs={epochs} batch_size={batch_size} lr={lr} mu={mu}")
@@ -348,7 +387,7 @@ class TFLiteModel:
             self.set_weights(initial_weights)
         self._require_weights()
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
-        step = self._step_function(lr, mu, batch_size if deferred else 0)
+        step = self._step_function(lr, mu, batch_size, deferred, accumulate)
         total_loss, total_seen, steps = 0.0, 0, 0
         try:
             for _ in range(epochs):

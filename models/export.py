@@ -66,6 +66,7 @@ def convert(name: str, seed: int = 0) -> tuple[bytes, dict[str, Any]]:
         "tensors": tensors,
         "signatures": sorted(signatures),
         "deferred_rank": module.deferred_rank,
+        "accumulate_chunk": arch.accumulate_chunk,
         "init_seed": seed,
         "covey_version": covey_version(),
     }

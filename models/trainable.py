@@ -26,6 +26,20 @@ Models with a deferred-update dense layer (see :class:`models.layers.Dense`) add
 ``flush() -> n_params``
     Fold the pending factors into the kernel and clear them.
 
+Models with ``accumulate_chunk`` set (see :class:`models.zoo.Architecture`) add:
+
+``accumulate(x, y, weight) -> loss``
+    Add ``weight`` times the gradient of the chunk's mean loss to gradient sums
+    (``buffer_gradsum_*``); the weights do not change. With ``weight = n_chunk / n``
+    for every chunk of a batch of ``n``, the sums are the batch's mean gradient.
+``apply_accumulated(lr) -> n_params``
+    ``w <- w - lr * sum`` and clear the sums: the SGD step of ``train`` on the whole
+    batch. ``set_weights``/``set_tensors`` also clear the sums.
+``apply_accumulated_prox(lr, mu) -> n_params``
+    ``w <- w - lr * (sum + mu * (w - w_anchor))``: the FedProx step of ``train_prox``.
+    (A separate signature: the SGD step must not read an anchor that a device
+    artifact only has after ``set_anchor``.)
+
 Contract: pending rows exist only between ``train_deferred`` calls and the next
 ``flush``; every other signature reads the kernels as they are, so call ``flush``
 before any of them (``device.runtime.TFLiteModel.train`` does). Folding the factors
@@ -92,6 +106,12 @@ class TrainableModel(tf.Module):
         self.mirrors = mirrors
         self._mirror_keys = mirror_keys
         self.deferred_rank = max((layer.deferred_rank for layer in arch.layers if isinstance(layer, Dense)), default=0)
+        if arch.accumulate_chunk and self.deferred_rank:
+            raise ValueError(f"{arch.name}: gradient accumulation and deferred updates do not combine")
+        self.gradient_sums = [
+            tf.Variable(np.zeros(s.shape, np.float32), name=_var_name("buffer_gradsum_", s.name))
+            for s in (self.specs if arch.accumulate_chunk else [])
+        ]
 
         x_spec = tf.TensorSpec([None, *arch.input_shape], tf.float32, name="x")
         y_spec = tf.TensorSpec([None], tf.int32, name="y")
@@ -108,6 +128,11 @@ class TrainableModel(tf.Module):
         self.get_tensors = tf.function(self._get_tensors, input_signature=[])
         per_tensor = [tf.TensorSpec(s.shape, tf.float32, name=tensor_key(s.name)) for s in self.specs]
         self.set_tensors = tf.function(self._set_tensors, input_signature=per_tensor)
+        if arch.accumulate_chunk:
+            weight = tf.TensorSpec([], tf.float32, name="weight")
+            self.accumulate = tf.function(self._accumulate, input_signature=[x_spec, y_spec, weight])
+            self.apply_accumulated = tf.function(self._apply_accumulated, input_signature=[scalar])
+            self.apply_accumulated_prox = tf.function(self._apply_accumulated_prox, input_signature=[scalar, scalar])
         if self.deferred_rank:
             slot = tf.TensorSpec([], tf.int32, name="slot")
             self.train_deferred = tf.function(self._train_deferred, input_signature=[x_spec, y_spec, scalar, slot])
@@ -230,8 +255,35 @@ class TrainableModel(tf.Module):
         return {"loss": loss}
 
     def _clear_buffers(self) -> None:
-        for buf in self.buffers:
+        for buf in self.buffers + self.gradient_sums:
             buf.assign(tf.zeros(buf.shape, tf.float32))
+
+    def _accumulate(self, x: Tensor, y: Tensor, weight: Tensor) -> dict[str, Tensor]:
+        loss, _, _, results = self._step(x, y, weight, defer=False)
+        for total, grad in zip(self.gradient_sums, self._flat_grads(results), strict=True):
+            total.assign(total.read_value() + grad)
+        return {"loss": loss}
+
+    def _apply_sums(self, new_values: list[Tensor]) -> dict[str, Tensor]:
+        self._assign_weights(new_values)
+        for total in self.gradient_sums:
+            total.assign(tf.zeros(total.shape, tf.float32))
+        return {"n_params": tf.constant(self.n_params, tf.int32)}
+
+    def _apply_accumulated(self, lr: Tensor) -> dict[str, Tensor]:
+        values = self._read_weights()
+        return self._apply_sums(
+            [value - lr * total.read_value() for value, total in zip(values, self.gradient_sums, strict=True)]
+        )
+
+    def _apply_accumulated_prox(self, lr: Tensor, mu: Tensor) -> dict[str, Tensor]:
+        step, values = lr * mu, self._read_weights()
+        return self._apply_sums(
+            [
+                value - lr * total.read_value() - step * (value - anchor.read_value())
+                for value, total, anchor in zip(values, self.gradient_sums, self.anchor, strict=True)
+            ]
+        )
 
     def _flush(self) -> dict[str, Tensor]:
         buffers, _ = self._read_state(with_buffers=True)
@@ -295,6 +347,8 @@ class TrainableModel(tf.Module):
         names += ["get_tensors", "set_tensors"]
         if self.deferred_rank:
             names += ["train_deferred", "flush"]
+        if self.gradient_sums:
+            names += ["accumulate", "apply_accumulated", "apply_accumulated_prox"]
         return {name: getattr(self, name).get_concrete_function() for name in names}
 
 

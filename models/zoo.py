@@ -24,6 +24,10 @@ class Architecture:
     input_shape: tuple[int, ...]
     n_classes: int
     layers: tuple[Layer, ...] = field(repr=False)
+    # Batches larger than this train as one SGD step whose gradient is summed over
+    # chunks of at most this many samples (0: never). Set where a chunk's tensors stay
+    # in cache and a whole batch's do not (see TrainableModel.accumulate).
+    accumulate_chunk: int = 0
 
     def param_specs(self) -> list[ParamSpec]:
         specs: list[ParamSpec] = []
@@ -66,7 +70,13 @@ def _mlp(name: str, hidden: int, n_classes: int, what: str) -> Architecture:
 DEFERRED_RANK = 128
 
 
-def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str) -> Architecture:
+# The MNIST CNN's per-sample training rate drops by a tenth from batch 16 to 32 (its
+# 14x14x288 patch matrix no longer fits the caches): batches above 16 accumulate the
+# gradient over chunks of at most 16 (docs/models.md, "Gradient accumulation").
+MNIST_CNN_CHUNK = 16
+
+
+def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str, chunk: int = 0) -> Architecture:
     head: tuple[Layer, ...]
     if dense is None:
         head = (Reshape((7, 7, 64), (3136,)), Dense(3136, n_classes, relu=False))
@@ -89,6 +99,7 @@ def _cnn(name: str, k: int, dense: int | None, n_classes: int, what: str) -> Arc
             Conv2D(14, 14, 32, 64, k, relu=True, pool=True),
             *head,
         ),
+        accumulate_chunk=chunk,
     )
 
 
@@ -101,7 +112,7 @@ ZOO: dict[str, Architecture] = {
         _mlp("mlp_mnist", 128, 10, "MNIST"),
         _mlp("mlp_femnist", 512, 62, "FEMNIST"),
         _cnn("cnn_femnist", 5, 2048, 62, "LEAF / FedGSP FEMNIST"),
-        _cnn("cnn_mnist", 3, None, 10, "FlexCFL MNIST"),
+        _cnn("cnn_mnist", 3, None, 10, "FlexCFL MNIST", chunk=MNIST_CNN_CHUNK),
     )
 }
 

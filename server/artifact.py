@@ -7,7 +7,8 @@ the resource variables. For the FEMNIST CNN that is 26 MB of a 29 MB file, and
 26 MB of a board's memory. The FedProx anchor is a second 26 MB variable that
 FedProx alone reads, and the kernel mirror (``models.layers.Layer.mirrors``) a
 third. So the coordinator publishes a stripped copy: the init subgraph assigns only
-the deferred-update buffers, which must start at zero; every other constant is gone.
+the buffers (deferred-update factors, gradient sums), which must start at zero; every
+other constant is gone.
 A variable then comes into being at its first assignment: ``set_weights`` for the
 weights and their mirrors, ``set_anchor`` for the anchor. The other signatures and their ops are
 byte-for-byte the model's own, and training from the same weights gives the same
@@ -30,7 +31,7 @@ from typing import Any
 
 from device.errors import ModelError
 
-BUFFER_PREFIX = "buffer_"  # deferred-update factors: small, and must start at zero
+BUFFER_PREFIX = "buffer_"  # deferred-update factors, gradient sums: small, and must start at zero
 
 
 def _schema() -> Any:
@@ -70,19 +71,25 @@ def strip_initial_values(model_bytes: bytes) -> bytes:
         if code(op) == ops.VAR_HANDLE:
             name = op.builtinOptions.sharedName
             handles[op.outputs[0]] = name.decode() if isinstance(name, bytes) else str(name)
-    kept, dropped_handles, freed = [], set(), 0
+    kept, dropped = [], []
     for op in init.operators or []:
         if code(op) == ops.ASSIGN_VARIABLE and not handles.get(op.inputs[0], "").startswith(BUFFER_PREFIX):
-            value = init.tensors[op.inputs[1]]
-            if value.buffer:  # a constant: drop its data and make the tensor point at no data
-                buffer = model.buffers[value.buffer]
-                freed += len(buffer.data) if buffer.data is not None else 0
-                buffer.data = None
-                value.buffer = 0
-            dropped_handles.add(op.inputs[0])
-            continue
-        kept.append(op)
+            dropped.append(op)
+        else:
+            kept.append(op)
     used = {i for op in kept for i in op.inputs}
+    # The converter shares one constant among equal initial values (a bias's zeros and
+    # a same-shaped buffer's zeros), so a constant a kept assignment reads stays.
+    used_buffers = {init.tensors[i].buffer for i in used if init.tensors[i].buffer}
+    freed = 0
+    for op in dropped:
+        value = init.tensors[op.inputs[1]]
+        if value.buffer and op.inputs[1] not in used and value.buffer not in used_buffers:
+            buffer = model.buffers[value.buffer]  # a constant: drop its data, point the tensor at none
+            freed += len(buffer.data) if buffer.data is not None else 0
+            buffer.data = None
+            value.buffer = 0
+    dropped_handles = {op.inputs[0] for op in dropped}
     init.operators = [op for op in kept if not (code(op) == ops.VAR_HANDLE and op.outputs[0] in dropped_handles - used)]
     if not freed:
         raise ModelError("the model's init subgraph assigns no constant weights; nothing to strip")

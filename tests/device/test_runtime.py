@@ -168,6 +168,8 @@ def test_a_missing_manifest_is_refused(model_copy: Path) -> None:
         (lambda m: json.dumps({**m, "input_shape": [0]}), "input_shape"),
         (lambda m: json.dumps({**m, "format": 99}), "format"),
         (lambda m: json.dumps([1, 2]), "JSON object"),
+        (lambda m: json.dumps({**m, "accumulate_chunk": 16}), "accumulate/apply_accumulated signatures"),
+        (lambda m: json.dumps({**m, "accumulate_chunk": -1}), "accumulate_chunk must be"),
     ],
 )
 def test_a_malformed_manifest_is_refused(model_copy: Path, edit, message: str) -> None:
