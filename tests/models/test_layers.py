@@ -38,7 +38,8 @@ def test_conv_backward_matches_gradient_tape(c_in: int, k: int, pool: bool) -> N
 
     # Verify
     np.testing.assert_allclose(got_out.numpy(), want_out.numpy(), rtol=1e-10, atol=1e-10)
-    assert result.grad_in is not None
+    got_dk, got_db = result.grads
+    assert result.grad_in is not None and got_dk is not None and got_db is not None
     np.testing.assert_allclose(result.grad_in.numpy(), want_dx.numpy(), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(result.grads[0].numpy(), want_dk.numpy(), rtol=1e-10, atol=1e-10)
-    np.testing.assert_allclose(result.grads[1].numpy(), want_db.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got_dk.numpy(), want_dk.numpy(), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(got_db.numpy(), want_db.numpy(), rtol=1e-10, atol=1e-10)
