@@ -94,3 +94,50 @@ def test_the_device_artifact_trains_under_tflite_runtime(zoo_model, tmp_path: Pa
     # Verify
     assert result["after"] < result["first"] - 0.5
     assert result["acc"] > 0.7
+
+
+ACCUMULATE_SCRIPT = """
+import json, sys
+import numpy as np
+from device.runtime import TFLiteModel
+m = TFLiteModel(sys.argv[1], backend="tflite_runtime")
+start = np.load(sys.argv[2])
+rng = np.random.default_rng(3)
+x = rng.random((64, 784), dtype=np.float32); y = rng.integers(0, 10, 64)
+chunked = m.train(x, y, batch_size=32, lr=0.1, seed=1, initial_weights=start)
+whole = m.train(x, y, batch_size=32, lr=0.1, seed=1, initial_weights=start, accumulate=False)
+np.save(sys.argv[3], chunked.weights)
+print(json.dumps({"rel": float(np.linalg.norm(chunked.weights - whole.weights) / np.linalg.norm(whole.weights))}))
+"""
+
+
+@pytest.mark.tflite_runtime
+def test_accumulated_training_runs_under_tflite_runtime(zoo_model, tmp_path: Path) -> None:
+    """The MNIST CNN's device artifact at batch 32 trains through accumulate and
+    apply_accumulated on a board's interpreter, as the whole-batch step would, and as
+    LiteRT does."""
+    # Prepare
+    import numpy as np
+
+    from device.runtime import TFLiteModel
+    from server.artifact import write_device_artifact
+
+    model = zoo_model("cnn_mnist")
+    artifact = write_device_artifact(model, tmp_path / "device")
+    start = TFLiteModel(model).get_weights()
+    np.save(tmp_path / "start.npy", start)
+
+    # Execute
+    result = _in_tflite_runtime_env(
+        ACCUMULATE_SCRIPT, str(artifact), str(tmp_path / "start.npy"), str(tmp_path / "chunked.npy")
+    )
+    rng = np.random.default_rng(3)  # the script's data
+    x = rng.random((64, 784), dtype=np.float32)
+    y = rng.integers(0, 10, 64)
+    litert = TFLiteModel(artifact).train(x, y, batch_size=32, lr=0.1, seed=1, initial_weights=start)
+
+    # Verify
+    chunked = np.load(tmp_path / "chunked.npy")
+    assert result["rel"] < 1e-5
+    assert np.linalg.norm(chunked - litert.weights) / np.linalg.norm(litert.weights) < 1e-5
+    assert np.linalg.norm(chunked - start) > 0
