@@ -40,7 +40,7 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 from server.simulation.config import SimulationConfig  # noqa: E402
-from server.simulation.run import RunResult, comparison_table, plot_runs, run_simulation, write_run  # noqa: E402
+from server.simulation.run import RunResult, comparison_table, plot_results, run_simulation, write_result  # noqa: E402
 
 
 def figure(name: str, value: float) -> None:
@@ -50,7 +50,7 @@ def figure(name: str, value: float) -> None:
 def run(cfg: SimulationConfig, out: Path, label: str) -> RunResult:
     start = time.perf_counter()
     result = run_simulation(cfg)
-    write_run(result, out, f"{label}_seed{cfg.seed}")
+    write_result(result, out, f"{label}_seed{cfg.seed}")
     print(
         f"# {label} seed {cfg.seed}: best {result.best_accuracy:.2%} final {result.final_accuracy:.2%} "
         f"({time.perf_counter() - start:.0f} s)",
@@ -88,7 +88,7 @@ def part_synthetic(args: argparse.Namespace, out: Path) -> None:
         figure(f"synthetic11_{name}_acc_spread", float(best.max() - best.min()))
     figure("synthetic11_flexcfl_300r_s", float(np.mean([r.seconds for r in runs["flexcfl"]])))
     (out / "synthetic11.md").write_text(comparison_table(runs))
-    plot_runs(runs, out / "synthetic11.png", title="Synthetic(1,1), MCLR, 100 users")
+    plot_results(runs, out / "synthetic11.png", title="Synthetic(1,1), MCLR, 100 users")
 
 
 def part_femnist(args: argparse.Namespace, out: Path) -> None:
@@ -128,7 +128,7 @@ def part_femnist(args: argparse.Namespace, out: Path) -> None:
         f"FEMNIST sample, {model}, {base.rounds} rounds; target = FedAvg's final accuracy {target:.1%}\n\n"
         + comparison_table(runs, target)
     )
-    plot_runs(runs, out / "femnist.png", title=f"FEMNIST sample (51 writers), {model}")
+    plot_results(runs, out / "femnist.png", title=f"FEMNIST sample (51 writers), {model}")
 
 
 def part_femnist_time(args: argparse.Namespace, out: Path) -> None:
@@ -175,7 +175,7 @@ def part_shift(args: argparse.Namespace, out: Path) -> None:
     figure("shift_migration_acc_delta", float(with_m - without))
     figure("shift_migrated_clients", float(moved))
     (out / "shift.md").write_text(comparison_table(runs))
-    plot_runs(runs, out / "shift.png", title="FlexCFL, Synthetic(1,1), swap-all shift p=0.05")
+    plot_results(runs, out / "shift.png", title="FlexCFL, Synthetic(1,1), swap-all shift p=0.05")
 
 
 PARTS = {"synthetic": part_synthetic, "femnist": part_femnist, "femnist_time": part_femnist_time, "shift": part_shift}

@@ -64,7 +64,7 @@ def _receiver(mode: str, host: str, port: int, n: int, n_params: int, queue) -> 
     topics = Topics("bench")
     link = MqttLink(f"covey-rx-{os.getpid()}", host, port, clean_session=True)
     link.connect(10)
-    link.subscribe(topics.frames("succ"))
+    link.subscribe(topics.handoff("succ", "pred"))
     time.sleep(0.3)
     queue.put("ready")
     reassembler = Reassembler()
@@ -106,7 +106,7 @@ def _transfer(mode: str, host: str, port: int, weights: np.ndarray, n: int) -> f
         tx.loop_stop()
     else:
         from device.mqtt import MqttLink
-        from device.protocol import Topics, encode_frames
+        from device.protocol import FrameExtra, Topics, encode_frames
 
         topics = Topics("bench")
         link = MqttLink("covey-tx", host, port, clean_session=True)
@@ -114,9 +114,15 @@ def _transfer(mode: str, host: str, port: int, weights: np.ndarray, n: int) -> f
         start = time.monotonic()
         for i in range(n):
             for frame in encode_frames(
-                weights, kind="handoff", run="bench", round=1, group=0, sender="pred", extra={"i": i}
+                weights,
+                kind="handoff",
+                run="bench",
+                round=1,
+                group=0,
+                sender="pred",
+                extra=FrameExtra(f"t{i}", position=0),
             ):
-                link.publish(topics.frames("succ"), frame)
+                link.publish(topics.handoff("succ", "pred"), frame)
         end = queue.get(timeout=300)
         link.close()
     proc.join(timeout=30)

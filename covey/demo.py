@@ -62,9 +62,6 @@ def run_demo(
                     min_devices=devices,
                     state_dir=out_dir,
                     eval_dir=root,
-                    epochs=1,
-                    batch=5,
-                    lr=0.01,
                     handoff="auto",
                     deadline_s=60.0,
                     register_timeout=120.0,
@@ -73,10 +70,10 @@ def run_demo(
     finally:
         if handle is not None:
             handle.stop()
-    last = coord.metrics[-1]
+    first, last = coord.records[0], coord.records[-1]
     print(
         f"FedGSP over MQTT: {rounds} rounds, {devices} devices, server-side test accuracy "
-        f"{coord.metrics[0].test_accuracy:.1%} -> {last.test_accuracy:.1%} in {time.perf_counter() - start:.0f} s"
+        f"{first.server_accuracy:.1%} -> {last.server_accuracy:.1%} in {time.perf_counter() - start:.0f} s"
     )
-    print(f"plot {out_dir / 'accuracy.png'}, metrics {out_dir / 'metrics.csv'}, device logs {out_dir / 'device-logs'}")
+    print(f"plot {out_dir / 'results.png'}, results {out_dir / 'results.csv'}, device logs {out_dir / 'device-logs'}")
     return 0

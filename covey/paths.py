@@ -1,49 +1,5 @@
-"""Where covey finds bundled data and keeps built models."""
+"""Where covey finds bundled data and keeps built models (see :mod:`server.paths`)."""
 
-from __future__ import annotations
+from server.paths import REPO_ROOT, cache_dir, ensure_model, femnist_dir, models_source_hash
 
-import hashlib
-import os
-from pathlib import Path
-
-from device.errors import ConfigError
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def femnist_dir() -> Path:
-    """The LEAF FEMNIST sample: ``$COVEY_FEMNIST_DIR`` or ``../shared/data/femnist``."""
-    configured = os.environ.get("COVEY_FEMNIST_DIR")
-    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "data" / "femnist"
-    if not (path / "train").is_dir() or not (path / "test").is_dir():
-        raise ConfigError(
-            f"FEMNIST data not found at {path} (it needs train/ and test/ folders of LEAF JSON); "
-            "set COVEY_FEMNIST_DIR or pass --data-dir"
-        )
-    return path
-
-
-def cache_dir() -> Path:
-    """``$COVEY_CACHE_DIR`` or ``~/.cache/covey``."""
-    configured = os.environ.get("COVEY_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "covey"
-
-
-def models_source_hash() -> str:
-    """A digest of the model-building code: built models are cached under it."""
-    digest = hashlib.sha256()
-    for path in sorted((REPO_ROOT / "models").glob("*.py")):
-        digest.update(path.name.encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def ensure_model(name: str, seed: int = 0) -> Path:
-    """Path of the zoo model ``name``, building it (TensorFlow needed) if not cached."""
-    out = cache_dir() / "zoo" / f"{models_source_hash()}-seed{seed}"
-    model_path = out / f"{name}.tflite"
-    if not model_path.exists() or not model_path.with_suffix(".json").exists():
-        from models.export import build
-
-        build(name, out, seed=seed)
-    return model_path
+__all__ = ["REPO_ROOT", "cache_dir", "ensure_model", "femnist_dir", "models_source_hash"]

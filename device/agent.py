@@ -1,31 +1,25 @@
-"""The device agent: register, fetch the model, train, hand on, report.
+"""The device agent: fetch the model, register, train, hand on, report.
 
-One loop, one thread of our own (paho's network thread only enqueues). Work arrives
-as JSON requests on ``device/<id>/inbox``; models arrive as frames on
-``device/<id>/frames``. Every receive is validated before it acts; what is refused
-is logged with the reason and counted (``AgentStats``), and the loop goes on.
+One loop, one thread of our own (paho's network thread only enqueues). Requests
+arrive as typed messages (``device/protocol/messages.py``) on ``device/<id>/inbox``;
+models arrive as frames from the server on ``device/<id>/frames``, as shared models
+on ``shared/<key>/chunk/<i>``, or from the predecessor on
+``device/<id>/frames/from/<predecessor>``. Everything the agent publishes lives under
+``from/<id>/``, the topics only this device may write. Every receive is validated
+before it acts; what is refused is logged with the reason and counted
+(``AgentStats``), and the loop goes on: no single message can stop an agent.
 
-A request may name *shared* models instead (``"shared": [key, ...]``): models the
-server published once, retained, for many devices. The device subscribes to them on
-the request, takes the retained frames the broker delivers, and unsubscribes as soon
-as no waiting task needs them.
-
-A train request names the device's place in its group (round, group, position), the
-sender it must accept a model from (its predecessor, or the server/manager), and
-where its result goes: the successor's frames topic (direct hand-off) or the group
-manager (relay, and always for the last device of a chain or a parallel member).
-QoS 1 may redeliver a request: requests are deduplicated by task id, so a device
-trains at most once per task. The device keeps its id, its last finished task and
-its last output model on disk, so a restarted agent resumes and can still answer a
-``resend`` for work it finished before the restart.
+QoS 1 may redeliver a request, so requests are deduplicated by task id and a device
+trains at most once per task. The device keeps its finished task ids and its last
+output model on disk (``device/state.py``), so a restarted agent resumes and can
+still answer a ``resend``. The computation itself is ``device/training.py``, the same
+code the simulator runs.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,24 +27,46 @@ from typing import Any
 
 import numpy as np
 
+from device.artifact import ArtifactDownload
 from device.data import Dataset, class_counts
-from device.errors import CoveyError, DataError, ModelError, ProtocolError, TransportError
-from device.manifest import parse_manifest, sha256_hex
+from device.errors import CoveyError, ModelError, ProtocolError, TransportError
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.protocol import (
+    PROTOCOL_VERSION,
     SERVER_ID,
+    DeviceHop,
+    EvaluateRequest,
+    EvaluateResult,
+    FrameExtra,
+    FrameKind,
+    Hop,
     Message,
+    Payload,
+    Ping,
+    Pong,
+    PretrainRequest,
+    PretrainResult,
+    ProtocolVersionError,
     Reassembler,
+    Register,
+    ResendRequest,
+    ServerStatus,
+    Stop,
     Topics,
+    TrainRequest,
+    TrainResult,
     check_id,
     check_weights,
     decode_message,
-    encode_frames,
+    send_model,
 )
 from device.runtime import TFLiteModel
+from device.state import AgentState
+from device.training import evaluate_locally, pretrain_locally, train_locally
 from device.worker import ModelWorker
 
 log = logging.getLogger("covey.device")
+Request = TrainRequest | PretrainRequest | EvaluateRequest
 
 
 @dataclass
@@ -80,9 +96,9 @@ class AgentStats:
 
 @dataclass
 class _Task:
-    body: dict[str, Any]
+    request: Request
     round: int
-    started: float = field(default_factory=time.monotonic)
+    models: dict[int, np.ndarray] = field(default_factory=dict)  # evaluate: index -> model
 
 
 class Agent:
@@ -91,23 +107,22 @@ class Agent:
     def __init__(self, config: AgentConfig, train: Dataset, test: Dataset | None = None) -> None:
         check_id(config.device_id)
         self.cfg = config
+        self.me = config.device_id
         self.topics = Topics(config.run)
         self.train_data, self.test_data = train, test
         self.stats = AgentStats()
         self.model: TFLiteModel | None = None
-        self.manifest_raw: dict[str, Any] | None = None
-        self._chunks: dict[int, memoryview] = {}
-        self._frames = Reassembler()
-        self._waiting: dict[str, _Task] = {}  # task id -> train/pretrain/evaluate waiting for model frames
-        self._eval_models: dict[str, dict[int, np.ndarray]] = {}
-        self._done_tasks: set[str] = set()
+        self.artifact = ArtifactDownload()
+        self._frames = Reassembler(max_pending_bytes=512 * 1024 * 1024)
+        self._waiting: dict[str, _Task] = {}  # task id -> request waiting for its model(s)
         self._shared_subscribed: set[str] = set()
-        self._last_output: np.ndarray | None = None
-        self._last_output_task: dict[str, Any] | None = None
+        self._server_epoch: str | None = None
         self.running = True
+        self.exit_reason: str | None = None  # set when the server tells the agent to leave for good
         self.worker = ModelWorker(config.train_priority, name=f"covey-model-{config.device_id}")
         config.state_dir.mkdir(parents=True, exist_ok=True)
-        self._load_state()
+        self.state = AgentState(config.state_dir)
+        self.state.load()
         self.link = MqttLink(
             f"covey-{config.run}-{config.device_id}",
             config.host,
@@ -115,392 +130,373 @@ class Agent:
             username=config.username,
             password=config.password,
             tls=config.tls,
-            will=Will(self.topics.status(config.device_id), b"offline"),
+            will=Will(self.topics.status(self.me), b"offline"),
             clean_session=False,
         )
-
-    # -- persistent state ----------------------------------------------------------------
-    @property
-    def _state_file(self) -> Path:
-        return self.cfg.state_dir / "state.json"
-
-    def _load_state(self) -> None:
-        if self._state_file.exists():
-            try:
-                state = json.loads(self._state_file.read_text())
-                self._done_tasks = set(state.get("done_tasks", []))
-                out = self.cfg.state_dir / "last_output.npy"
-                if out.exists():
-                    self._last_output = np.load(out, allow_pickle=False)
-                    self._last_output_task = state.get("last_output_task")
-                log.info("%s: resumed (%d finished tasks on record)", self.cfg.device_id, len(self._done_tasks))
-            except (OSError, ValueError) as exc:
-                log.warning("%s: ignoring unreadable state file (%s)", self.cfg.device_id, exc)
-
-    def _save_state(self) -> None:
-        state = {
-            "device_id": self.cfg.device_id,
-            "run": self.cfg.run,
-            "done_tasks": sorted(self._done_tasks)[-500:],
-            "last_output_task": self._last_output_task,
-        }
-        tmp = self._state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state))
-        os.replace(tmp, self._state_file)
-        if self._last_output is not None:
-            np.save(self.cfg.state_dir / "last_output.npy", self._last_output, allow_pickle=False)
 
     # -- connection ------------------------------------------------------------------------
     def start(self, connect_timeout: float = 15.0) -> None:
         self.link.connect(connect_timeout)
-        me = self.cfg.device_id
+        t = self.topics
         self.link.subscribe(
-            self.topics.inbox(me),
-            self.topics.frames(me),
-            self.topics.artifact_manifest,
-            f"{self.topics.root}/artifact/chunk/#",
+            t.inbox(self.me),
+            t.frames(self.me),
+            t.handoff_filter(self.me),
+            t.artifact_manifest,
+            t.artifact_filter,
+            t.server_status,
         )
-        self.link.publish(self.topics.status(me), b"online", retain=True)
-        self._register()
+        self.link.publish(t.status(self.me), b"online", retain=True)
 
     def _register(self) -> None:
-        n_classes = int(self.manifest_raw["n_classes"]) if self.manifest_raw else int(self.train_data.y.max()) + 1
-        body = {
-            "n_samples": len(self.train_data),
-            "n_test": len(self.test_data) if self.test_data else 0,
-            "class_counts": class_counts(self.train_data.y, max(n_classes, 1)).tolist(),
-            "runtime": self.model.backend.name if self.model else "pending",
-            "memory_mb": _available_memory_mb(),
-            "direct": True,
-        }
-        self._send(Message("register", self.cfg.run, self.cfg.device_id, 0, body), self.topics.register)
+        assert self.model is not None
+        counts = class_counts(self.train_data.y, self.model.manifest.n_classes)
+        body = Register(
+            n_samples=len(self.train_data),
+            n_test=len(self.test_data) if self.test_data else 0,
+            class_counts=tuple(int(c) for c in counts),
+            runtime=self.model.backend.name,
+            memory_mb=_available_memory_mb(),
+            direct=True,
+            model_sha256=self.model.manifest.sha256,
+        )
+        self._send(body, 0, self.topics.register(self.me))
+        log.info("%s: registered (%d samples)", self.me, body.n_samples)
 
-    def _send(self, msg: Message, topic: str | None = None) -> None:
-        self.link.publish(topic or self.topics.results, msg.encode())
+    def _send(self, body: Any, rnd: int, topic: str | None = None) -> None:
+        msg = Message.of(body, run=self.cfg.run, sender=self.me, round=rnd)
+        self.link.publish(topic or self.topics.results(self.me), msg.encode())
+
+    def _publish(self, topic: str, data: bytes, retain: bool) -> None:
+        self.link.publish(topic, data, retain=retain)
 
     # -- the loop ----------------------------------------------------------------------------
     def run_forever(self, idle_timeout: float | None = None) -> None:
-        """Serve requests until a ``stop`` request (or ``idle_timeout`` seconds of silence)."""
+        """Serve requests until a ``stop`` (or ``idle_timeout`` seconds of silence)."""
         last = time.monotonic()
         while self.running:
             item = self.link.receive(timeout=1.0)
             if item is None:
                 if idle_timeout is not None and time.monotonic() - last > idle_timeout:
-                    log.info("%s: idle for %.0f s, leaving", self.cfg.device_id, idle_timeout)
+                    log.info("%s: idle for %.0f s, leaving", self.me, idle_timeout)
                     break
                 continue
             last = time.monotonic()
-            try:
-                self.handle(item)
-            except (CoveyError, OSError) as exc:
-                log.warning("%s: dropped a message on %s: %s", self.cfg.device_id, item.topic, exc)
-                self.stats.drop(type(exc).__name__)
+            self.handle(item)
 
     def handle(self, item: Incoming) -> None:
-        me = self.cfg.device_id
-        if item.topic == self.topics.artifact_manifest or item.topic.startswith(f"{self.topics.root}/artifact/chunk/"):
-            self._on_artifact(item)
-        elif item.topic == self.topics.inbox(me):
+        """Act on one message; whatever is wrong with it is logged and counted."""
+        try:
+            self._dispatch(item)
+        except ProtocolVersionError as exc:
+            self._version_mismatch(item, exc)
+        except (CoveyError, OSError) as exc:
+            log.warning("%s: dropped a message on %s: %s", self.me, item.topic, exc)
+            self.stats.drop(type(exc).__name__)
+        except Exception as exc:  # no single message may stop the agent
+            log.exception("%s: unexpected error on %s (dropped)", self.me, item.topic)
+            self.stats.drop(f"unexpected {type(exc).__name__}")
+
+    def _dispatch(self, item: Incoming) -> None:
+        t, me = self.topics, self.me
+        if item.topic == t.artifact_manifest:
+            self.artifact.add_manifest(item.payload)
+            self._try_load_model()
+        elif item.topic.startswith(t.artifact_filter[:-1]):
+            self.artifact.add_chunk(item.payload)
+            self._try_load_model()
+        elif item.topic == t.server_status:
+            self._on_server_status(item.payload)
+        elif item.topic == t.inbox(me):
             self._on_request(decode_message(item.payload))
-        elif item.topic == self.topics.frames(me):
-            payload = self._frames.add(item.payload)
-            if payload is not None:
-                self._on_model(payload)
-        elif item.topic.startswith(self.topics.shared_root):
-            if not item.payload:
-                return  # the server cleared a shared model it no longer needs
-            payload = self._frames.add(item.payload)
-            if payload is not None:
-                self._on_model(payload)
+        elif item.topic == t.frames(me):
+            self._on_frame(item.payload, SERVER_ID)
+        elif item.topic.startswith(t.shared_root):
+            if item.payload:  # an empty retained message: the server cleared a shared model
+                self._on_frame(item.payload, SERVER_ID)
         else:
-            self.stats.drop("unexpected topic")
+            sender = t.handoff_sender(item.topic, me)
+            if sender is None:
+                raise ProtocolError(f"unexpected topic {item.topic}")
+            self._on_frame(item.payload, sender)
 
-    # -- artifact ----------------------------------------------------------------------------
-    def _on_artifact(self, item: Incoming) -> None:
-        if item.topic == self.topics.artifact_manifest:
-            raw = json.loads(item.payload.decode())
-            parse_manifest(raw, "artifact manifest")
-            self.manifest_raw = raw
-        else:
-            from device.protocol import parse_frame
-
-            header, chunk = parse_frame(item.payload)
-            if header.kind != "artifact":
-                raise ProtocolError("artifact topic carried a non-artifact frame")
-            self._chunks[header.chunk] = chunk
-            self._artifact_total = header.n_chunks
-        self._try_load_model()
-
-    def _try_load_model(self) -> None:
-        if (
-            self.model is not None
-            or self.manifest_raw is None
-            or len(self._chunks) < getattr(self, "_artifact_total", 1)
-        ):
+    def _version_mismatch(self, item: Incoming, exc: ProtocolVersionError) -> None:
+        if item.topic not in (self.topics.inbox(self.me), self.topics.server_status):
+            self.stats.drop("other protocol version")
             return
-        data = b"".join(self._chunks[i] for i in range(self._artifact_total))
-        manifest = parse_manifest(self.manifest_raw, "artifact manifest")
-        if sha256_hex(data) != manifest.sha256:
-            self._chunks.clear()
-            raise ModelError("downloaded model does not match its manifest's sha256; waiting for a fresh copy")
-        path = self.cfg.state_dir / f"{manifest.model}.tflite"
-        path.write_bytes(data)
-        path.with_suffix(".json").write_text(json.dumps(self.manifest_raw))
+        self.exit_reason = (
+            f"the server speaks covey protocol version {exc.version}, this agent version {PROTOCOL_VERSION}: "
+            "install the covey release the server runs on this board"
+        )
+        log.error("%s: %s", self.me, self.exit_reason)
+        self.running = False
+
+    # -- the model and the server ---------------------------------------------------------
+    def _try_load_model(self) -> None:
+        if self.model is not None:
+            return
+        done = self.artifact.complete()
+        if done is None:
+            return
+        data, manifest, raw = done
+        path = self.artifact.save(self.cfg.state_dir, data, manifest, raw)
         # created in the worker thread, so interpreter helper threads inherit its priority
         model = self._in_worker(TFLiteModel, path, manifest, num_threads=self.cfg.threads)
         model.check_data(self.train_data.x, self.train_data.y)
         self.model = model
-        self._chunks.clear()
-        log.info("%s: model %s ready (%s)", self.cfg.device_id, manifest.model, self.model.backend.name)
-        self._register()  # now with the model's class count and runtime
+        log.info("%s: model %s ready (%s)", self.me, manifest.model, model.backend.name)
+        self._register()
 
-    # -- requests -------------------------------------------------------------------------
+    def _on_server_status(self, payload: bytes) -> None:
+        if not payload:
+            return
+        msg = decode_message(payload)
+        if not isinstance(msg.body, ServerStatus) or msg.sender != SERVER_ID:
+            raise ProtocolError("server/status carried something other than the server's status")
+        if msg.body.state == "running" and msg.body.epoch != self._server_epoch:
+            known = self._server_epoch is not None
+            self._server_epoch = msg.body.epoch
+            if self.model is not None:
+                log.info(
+                    "%s: %s coordinator (epoch %s); registering", self.me, "a new" if known else "the", msg.body.epoch
+                )
+                self._register()
+
+    # -- requests ---------------------------------------------------------------------------
     def _on_request(self, msg: Message) -> None:
         if msg.run != self.cfg.run:
             raise ProtocolError(f"request for run {msg.run!r}, this device serves {self.cfg.run!r}")
         if msg.sender != SERVER_ID:
             raise ProtocolError(f"request from {msg.sender!r}; only the server sends requests")
-        if msg.type == "ping":
-            self._send(Message("pong", self.cfg.run, self.cfg.device_id, msg.round, {"echo": msg.body.get("t")}))
-        elif msg.type == "stop":
+        body = msg.body
+        if isinstance(body, Ping):
+            self._send(Pong(body.t), msg.round)
+        elif isinstance(body, Stop):
+            log.info("%s: the server ended the run%s", self.me, f": {body.reason}" if body.reason else "")
             self.running = False
-        elif msg.type == "resend":
-            self._resend(msg)
-        elif msg.type in ("train", "pretrain", "evaluate"):
-            task_id = str(msg.body.get("task_id", ""))
-            if not task_id:
-                raise ProtocolError("request has no task_id")
-            if task_id in self._done_tasks or task_id in self._waiting:
-                self.stats.drop("duplicate request")
-                return
-            shared = msg.body.get("shared", [])
-            if not isinstance(shared, list) or len(shared) > 64 or not all(isinstance(k, str) for k in shared):
-                raise ProtocolError("request field 'shared' must be a list of model keys")
-            for key in shared:
-                check_id(key, "model key")
-            self._waiting[task_id] = _Task({**msg.body, "type": msg.type}, msg.round)
-            log.info(
-                "%s: round %d %s request %s; waiting for its model", self.cfg.device_id, msg.round, msg.type, task_id
-            )
-            new = [k for k in shared if k not in self._shared_subscribed]
-            if new:
-                self._shared_subscribed.update(new)
-                self.link.subscribe(*(self.topics.shared_filter(k) for k in new))
-        elif msg.type == "assignment":
-            pass
+        elif isinstance(body, ResendRequest):
+            self._resend(body)
+        elif isinstance(body, (TrainRequest, PretrainRequest, EvaluateRequest)):
+            self._accept_request(body, msg.round)
         else:
-            raise ProtocolError(f"devices do not handle {msg.type!r} requests")
+            raise ProtocolError(f"devices do not handle {msg.type!r} messages")
 
-    def _on_model(self, payload: Any) -> None:
-        header = payload.header
-        key = header.extra.get("shared")
-        if key is not None:
-            targets = [
-                (task_id, task, list(task.body["shared"]).index(key))
-                for task_id, task in list(self._waiting.items())
-                if key in task.body.get("shared", ())
-            ]
-            if not targets:
-                self.stats.drop("shared model for no waiting task")
-                log.debug("%s: shared model %r for no waiting task", self.cfg.device_id, key)
-        else:
-            task_id = str(header.extra.get("task_id", ""))
-            task = self._waiting.get(task_id)
-            if task is None:
-                self.stats.drop("frame for no waiting task")
-                raise ProtocolError(f"model frame for task {task_id!r}, which this device is not waiting for")
-            targets = [(task_id, task, int(header.extra.get("index", 0)))]
+    def _accept_request(self, request: Request, rnd: int) -> None:
+        task_id = request.task_id
+        if self.state.is_done(task_id) or task_id in self._waiting:
+            self.stats.drop("duplicate request")
+            return
+        self._waiting[task_id] = _Task(request, rnd)
+        log.info("%s: round %d %s request %s; waiting for its model", self.me, rnd, type(request).__name__, task_id)
+        new = [k for k in request.shared if k not in self._shared_subscribed]
+        if new:
+            self._shared_subscribed.update(new)
+            self.link.subscribe(*(self.topics.shared_filter(k) for k in new))
+
+    def _on_frame(self, frame: bytes, sender: str) -> None:
+        payload = self._frames.add(frame, sender=sender)
+        if payload is None:
+            return
         try:
-            for task_id, task, index in targets:
-                self._accept_model(task_id, task, payload, index)
+            self._on_model(payload)
         finally:
             self._drop_unused_shared()
 
-    def _accept_model(self, task_id: str, task: _Task, payload: Any, index: int) -> None:
-        header = payload.header
-        if header.round != task.round:
+    def _on_model(self, payload: Payload) -> None:
+        h = payload.header
+        if h.kind not in ("model", "handoff"):
+            raise ProtocolError(f"devices accept model and handoff frames, not {h.kind!r}")
+        if h.extra.shared is not None:
+            if h.sender != SERVER_ID:
+                raise ProtocolError(f"shared model from {h.sender!r}")
+            targets = [
+                (tid, t, t.request.shared.index(h.extra.shared))
+                for tid, t in self._waiting.items()
+                if h.extra.shared in t.request.shared
+            ]
+            if not targets:
+                self.stats.drop("shared model for no waiting task")
+        else:
+            task = self._waiting.get(h.extra.task_id or "")
+            if task is None:
+                self.stats.drop("frame for no waiting task")
+                raise ProtocolError(f"model frame for task {h.extra.task_id!r}, which this device is not waiting for")
+            targets = [(h.extra.task_id or "", task, h.extra.index)]
+        for task_id, task, index in targets:
+            self._accept_model(task_id, task, payload, index)
+
+    def _accept_model(self, task_id: str, task: _Task, payload: Payload, index: int) -> None:
+        h = payload.header
+        if h.round != task.round:
             self.stats.drop("stale round")
-            raise ProtocolError(f"model frame for round {header.round}, task is in round {task.round}")
-        allowed = {SERVER_ID, str(task.body.get("predecessor") or SERVER_ID)}
-        if header.sender not in allowed:
+            raise ProtocolError(f"model frame for round {h.round}, task is in round {task.round}")
+        request = task.request
+        allowed = {SERVER_ID, request.predecessor} if isinstance(request, TrainRequest) else {SERVER_ID}
+        if h.sender not in allowed:
             self.stats.drop("not the predecessor")
-            raise ProtocolError(f"hand-off from {header.sender!r}, expected one of {sorted(allowed)}")
+            raise ProtocolError(f"model from {h.sender!r}, expected one of {sorted(allowed)}")
         if self.model is None:
             raise ModelError("no model artifact yet; cannot train")
         weights = check_weights(payload, self.model.n_params)
-        kind = task.body["type"]
-        if kind == "evaluate":
-            got = self._eval_models.setdefault(task_id, {})
-            got[index] = weights
-            if len(got) >= int(task.body.get("n_models", 1)):
-                self._evaluate(task_id, task, got)
+        if isinstance(request, EvaluateRequest):
+            if index >= request.n_models:
+                raise ProtocolError(f"model index {index} of an evaluate request for {request.n_models} models")
+            task.models[index] = weights
+            if len(task.models) == request.n_models:
+                del self._waiting[task_id]
+                self._evaluate(request, task)
             return
         del self._waiting[task_id]
-        log.info("%s: model for %s arrived from %s; %sing", self.cfg.device_id, task_id, header.sender, kind)
-        if kind == "pretrain":
-            self._pretrain(task_id, task, weights)
+        log.info("%s: model for %s arrived from %s", self.me, task_id, h.sender)
+        if isinstance(request, PretrainRequest):
+            self._pretrain(request, task.round, weights)
         else:
-            self._train(task_id, task, weights)
+            self._train(request, task.round, weights)
 
     def _drop_unused_shared(self) -> None:
         """Unsubscribe from shared models no waiting task needs any more."""
-        needed = {k for task in self._waiting.values() for k in task.body.get("shared", ())}
+        needed = {k for task in self._waiting.values() for k in task.request.shared}
         unused = self._shared_subscribed - needed
         if unused:
             self._shared_subscribed -= unused
             self.link.unsubscribe(*(self.topics.shared_filter(k) for k in unused))
 
-    # -- work ---------------------------------------------------------------------------
-    def _task_seed(self, task: _Task) -> list[int]:
-        return [int(task.body.get("seed", 0)), task.round, int.from_bytes(self.cfg.device_id.encode()[-8:], "little")]
-
-    def _train(self, task_id: str, task: _Task, weights: np.ndarray) -> None:
+    # -- work ------------------------------------------------------------------------------
+    def _train(self, request: TrainRequest, rnd: int, weights: np.ndarray) -> None:
         assert self.model is not None
-        b = task.body
         start = time.perf_counter()
-        result = self._in_worker(
-            self.model.train,
-            self.train_data.x,
-            self.train_data.y,
-            epochs=int(b.get("epochs", 1)),
-            batch_size=int(b.get("batch", 10)),
-            lr=float(b.get("lr", 0.01)),
-            mu=float(b.get("mu", 0.0)),
-            max_steps=int(b["max_steps"]) if b.get("max_steps") else None,
-            seed=np.random.default_rng(self._task_seed(task)),
-            initial_weights=weights,
+        out = self._in_worker(
+            train_locally,
+            self.model,
+            self.train_data,
+            request.train,
+            start=weights,
+            seed=request.seed,
+            rnd=rnd,
+            device_id=self.me,
         )
         seconds = time.perf_counter() - start
         self.stats.trained += 1
-        self._last_output, self._last_output_task = result.weights, {"task_id": task_id, **b, "round": task.round}
-        self._done_tasks.add(task_id)
+        self.state.last_output = out.weights
+        self.state.last_output_task = {
+            "task_id": request.task_id,
+            "round": rnd,
+            "group": request.group,
+            "position": request.position,
+        }
+        self.state.finished(request.task_id)
         delivered = time.perf_counter()
-        self._deliver(result.weights, b, task.round, task_id)  # first: the chain waits on it
-        deliver_seconds = time.perf_counter() - delivered
-        counts = class_counts(self.train_data.y, self.model.manifest.n_classes).tolist()
-        self._send(
-            Message(
-                "result",
-                self.cfg.run,
-                self.cfg.device_id,
-                task.round,
-                {
-                    "task_id": task_id,
-                    "n_samples": result.n_samples,
-                    "loss": result.mean_loss,
-                    "train_seconds": seconds,
-                    "deliver_seconds": deliver_seconds,
-                    "group": b.get("group"),
-                    "position": b.get("position"),
-                    "class_counts": counts,
-                },
-            )
+        self._deliver(out.weights, request.task_id, rnd, request.group, request.position, request.next)
+        result = TrainResult(
+            task_id=request.task_id,
+            n_samples=out.n_samples,
+            loss=out.loss,
+            steps=out.steps,
+            group=request.group,
+            position=request.position,
+            class_counts=tuple(int(c) for c in class_counts(self.train_data.y, self.model.manifest.n_classes)),
+            train_seconds=seconds,
+            deliver_seconds=time.perf_counter() - delivered,
         )
-        self._save_state()  # for a resend after a restart; off the round's critical path
+        self._send(result, rnd)  # at once after the frames: the server waits on both
+        self.state.save(self.me, self.cfg.run)  # for a resend after a restart; off the critical path
         log.info(
-            "%s: round %d group %s position %s trained %d samples, loss %.3f (%.1f s)",
-            self.cfg.device_id,
-            task.round,
-            b.get("group"),
-            b.get("position"),
-            result.n_samples,
-            result.mean_loss,
+            "%s: round %d group %d position %d trained %d samples, loss %.3f (%.1f s)",
+            self.me,
+            rnd,
+            request.group,
+            request.position,
+            out.n_samples,
+            out.loss,
             seconds,
         )
 
-    def _deliver(
-        self, weights: np.ndarray, body: dict[str, Any], rnd: int, task_id: str, to: dict[str, Any] | None = None
-    ) -> None:
+    def _deliver(self, weights: np.ndarray, task_id: str, rnd: int, group: int, position: int, to: Hop) -> None:
         """Send a trained model on: to the successor (direct) or the group manager."""
-        dest = to or body.get("next") or {}
-        group = int(body.get("group", 0))
-        if "device" in dest:
-            topic = self.topics.frames(str(dest["device"]))
-            kind, extra = "handoff", {"task_id": str(dest.get("task_id", "")), "position": body.get("position")}
+        kind: FrameKind
+        if isinstance(to, DeviceHop):  # the frame names the task it is for: the successor's
+            topic, kind, for_task = self.topics.handoff(to.device, self.me), "handoff", to.task_id
         else:
-            topic = self.topics.group_frames(group)
-            kind, extra = "result", {"task_id": task_id, "position": body.get("position")}
-        for frame in encode_frames(
+            topic, kind, for_task = self.topics.uploads(self.me), "result", task_id
+        send_model(
+            self._publish,
+            topic,
             weights,
             kind=kind,
             run=self.cfg.run,
             round=rnd,
             group=group,
-            sender=self.cfg.device_id,
+            sender=self.me,
             max_chunk=self.cfg.max_chunk,
-            extra=extra,
-        ):
-            self.link.publish(topic, frame)
+            extra=FrameExtra(for_task, position=position),
+        )
 
-    def _resend(self, msg: Message) -> None:
+    def _resend(self, request: ResendRequest) -> None:
         """The manager lost a hand-off (a successor missed its deadline): send the last
         output again, to the destination the request names."""
-        wanted = str(msg.body.get("task_id", ""))
-        if self._last_output is None or not self._last_output_task or self._last_output_task.get("task_id") != wanted:
-            raise ProtocolError(f"resend of task {wanted!r}, but the last output on record is for another task")
-        body = dict(self._last_output_task)
+        last = self.state.last_output_task
+        if self.state.last_output is None or not last or last.get("task_id") != request.task_id:
+            raise ProtocolError(f"resend of task {request.task_id!r}, but the last output on record is for another")
         self._deliver(
-            self._last_output, body, int(body["round"]), wanted, to=msg.body.get("to") or {"group": body["group"]}
+            self.state.last_output,
+            request.task_id,
+            int(last["round"]),
+            int(last["group"]),
+            int(last["position"]),
+            request.to,
         )
 
-    def _pretrain(self, task_id: str, task: _Task, weights: np.ndarray) -> None:
+    def _pretrain(self, request: PretrainRequest, rnd: int, weights: np.ndarray) -> None:
         assert self.model is not None
-        b = task.body
-        result = self._in_worker(
-            self.model.train,
-            self.train_data.x,
-            self.train_data.y,
-            epochs=10_000,
-            batch_size=int(b.get("batch", 10)),
-            lr=float(b.get("lr", 0.01)),
-            max_steps=int(b.get("steps", 50)),
-            seed=np.random.default_rng(self._task_seed(task)),
-            initial_weights=weights,
+        update, out = self._in_worker(
+            pretrain_locally,
+            self.model,
+            self.train_data,
+            steps=request.steps,
+            batch=request.batch,
+            lr=request.lr,
+            start=weights,
+            seed=request.seed,
+            rnd=rnd,
+            device_id=self.me,
         )
-        self._done_tasks.add(task_id)
-        update = (result.weights - weights).astype(np.float32)
-        for frame in encode_frames(
+        self.state.finished(request.task_id)
+        send_model(
+            self._publish,
+            self.topics.uploads(self.me),
             update,
             kind="update",
             run=self.cfg.run,
-            round=task.round,
+            round=rnd,
             group=-1,
-            sender=self.cfg.device_id,
+            sender=self.me,
             max_chunk=self.cfg.max_chunk,
-            extra={"task_id": task_id},
-        ):
-            self.link.publish(self.topics.server_frames, frame)
-
-    def _evaluate(self, task_id: str, task: _Task, models: dict[int, np.ndarray]) -> None:
-        assert self.model is not None
-        self._waiting.pop(task_id, None)
-        self._eval_models.pop(task_id, None)
-        split = self.test_data if task.body.get("split") == "test" and self.test_data else self.train_data
-        model = self.model
-
-        def evaluate_all() -> list[dict[str, Any]]:
-            rows = []
-            for index in sorted(models):
-                model.set_weights(models[index])
-                ev = model.evaluate(split.x, split.y)
-                rows.append({"index": index, "loss": ev.loss, "correct": ev.n_correct, "n": ev.n_samples})
-            return rows
-
-        rows = self._in_worker(evaluate_all)
-        self._done_tasks.add(task_id)
-        self._send(
-            Message("result", self.cfg.run, self.cfg.device_id, task.round, {"task_id": task_id, "evaluations": rows})
+            extra=FrameExtra(request.task_id),
         )
+        self._send(PretrainResult(request.task_id, out.n_samples, out.loss, out.steps), rnd)
+
+    def _evaluate(self, request: EvaluateRequest, task: _Task) -> None:
+        assert self.model is not None
+        if request.split == "train":
+            split = self.train_data
+        else:  # without a test set the device reports zero test samples
+            split = self.test_data or Dataset(self.train_data.x[:0], self.train_data.y[:0])
+        models = [task.models[i] for i in range(request.n_models)]
+        rows = self._in_worker(evaluate_locally, self.model, split, models)
+        self.state.finished(request.task_id)
+        self._send(EvaluateResult(request.task_id, tuple(rows)), task.round)
 
     def _in_worker(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A model call in the background-priority model thread (``device/worker.py``)."""
         return self.worker.run(fn, *args, keep_waiting=lambda: self.running, **kwargs)
 
     def close(self) -> None:
+        """Leave: never raises, whatever state the connection is in."""
         self.worker.close()
-        with contextlib.suppress(TransportError):
-            self.link.publish(self.topics.status(self.cfg.device_id), b"offline", retain=True, wait=2.0)
-        self.link.close()
+        with contextlib.suppress(TransportError, OSError, RuntimeError):
+            self.link.publish(self.topics.status(self.me), b"offline", retain=True, wait=2.0)
+        with contextlib.suppress(Exception):
+            self.link.close()
 
     def stats_dict(self) -> dict[str, Any]:
         return asdict(self.stats)
@@ -508,9 +504,10 @@ class Agent:
 
 def _available_memory_mb() -> int:
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) // 1024
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
     except OSError:
         pass
     return 0
@@ -519,6 +516,7 @@ def _available_memory_mb() -> int:
 def load_device_data(path: Path, user: str | None, test: Path | None) -> tuple[Dataset, Dataset | None]:
     """A device's train (and optional test) set from LEAF, .npz or .csv."""
     from device.data import read_dataset
+    from device.errors import DataError
 
     train = read_dataset(path, user=user)
     if len(train) == 0:

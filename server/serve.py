@@ -1,16 +1,18 @@
 """Run a coordinator from the command line (``covey server run``) and the demo.
 
-Shows a progress bar and one log line per round, writes ``metrics.json`` and
-``metrics.csv`` every round and ``accuracy.png`` at the end, advertises the run with
-zeroconf (``--advertise``), and resumes from the last checkpoint (``--resume``).
+Every setting is checked before the broker is touched: the strategy's parameters,
+its training (the method's paper values unless set), rounds, and that
+``--min-devices`` is enough for the strategy. The run shows a progress bar and one
+log line per round, writes ``results.json`` / ``results.csv`` every round and
+``results.png`` at the end (one writer for simulation and boards,
+:mod:`server.records`), advertises the run with zeroconf (``--advertise``), and
+resumes from the last checkpoint (``--resume``).
 """
 
 from __future__ import annotations
 
-import csv
 import logging
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +20,15 @@ import numpy as np
 
 from device.data import Dataset, read_leaf
 from device.errors import ConfigError
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig, RoundMetrics
+from device.mqtt import TlsFiles
+from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.records import write_run
+from server.settings import Setting, Source, resolve_strategy_params, resolve_training
 from server.strategies import make_strategy
-from server.strategies.base import TrainConfig
+from server.strategies.base import Strategy, TrainConfig
 
 log = logging.getLogger("covey.server")
+RESULTS_STEM = "results"
 
 
 @dataclass
@@ -37,15 +43,74 @@ class ServeOptions:
     min_devices: int
     state_dir: Path
     eval_dir: Path | None = None
-    epochs: int = 1
-    batch: int = 5
-    lr: float = 0.01
+    epochs: int | None = None  # None: the strategy's paper value
+    batch: int | None = None
+    lr: float | None = None
     handoff: str = "auto"
     deadline_s: float = 120.0
     seed: int = 0
     register_timeout: float = 300.0
     resume: bool = False
     advertise: bool = False
+    federated_eval_every: int = 0
+    username: str | None = None
+    password: str | None = None
+    tls: TlsFiles | None = None
+    origins: dict[str, Source] = field(default_factory=dict)  # who set what (flag, preset...)
+
+
+@dataclass(frozen=True)
+class PreparedServe:
+    options: ServeOptions
+    train: TrainConfig
+    params: dict[str, Any]
+    settings: dict[str, Setting]
+
+    def build_strategy(self) -> Strategy:
+        return make_strategy(self.options.strategy, train=self.train, **self.params)
+
+
+def prepare_serve(opts: ServeOptions) -> PreparedServe:
+    """Check every setting before anything connects or is written."""
+    for name, value, low in (
+        ("--rounds", opts.rounds, 1),
+        ("--min-devices", opts.min_devices, 1),
+        ("--seed", opts.seed, 0),
+        ("--federated-eval-every", opts.federated_eval_every, 0),
+    ):
+        if value < low:
+            raise ConfigError(f"{name} must be at least {low}, got {value}")
+    if opts.deadline_s <= 0 or opts.register_timeout <= 0:
+        raise ConfigError("--deadline and --register-timeout must be positive numbers of seconds")
+    origin = opts.origins
+    given_train = {
+        k: Setting(v, origin.get(k, Source.FLAG), f"--{k}")
+        for k, v in (("epochs", opts.epochs), ("batch", opts.batch), ("lr", opts.lr))
+        if v is not None
+    }
+    train, train_settings = resolve_training(opts.strategy, given_train)
+    given = {k: Setting(v, Source.FLAG, "--set") for k, v in opts.strategy_params.items()}
+    params, param_settings = resolve_strategy_params(opts.strategy, given)
+    prepared = PreparedServe(opts, train, params, {})
+    strategy = prepared.build_strategy()
+    if opts.min_devices < strategy.min_clients():
+        raise ConfigError(
+            f"{opts.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
+            f"{opts.min_devices}: raise --min-devices or lower the strategy's setting (covey strategies lists them)"
+        )
+    if opts.eval_dir is not None and not opts.eval_dir.exists():
+        raise ConfigError(f"--eval-data {opts.eval_dir} does not exist")
+    settings = {
+        "strategy": Setting(opts.strategy, Source.FLAG, "--strategy"),
+        "rounds": Setting(opts.rounds, Source.FLAG, "--rounds"),
+        "seed": Setting(opts.seed, Source.FLAG, "--seed"),
+        "handoff": Setting(opts.handoff, Source.FLAG, "--handoff"),
+        "deadline_s": Setting(opts.deadline_s, Source.FLAG, "--deadline"),
+        "model": Setting(opts.model_path.stem, Source.FLAG, str(opts.model_path)),
+        **train_settings,
+        **param_settings,
+    }
+    return PreparedServe(opts, train, params, settings)
 
 
 def leaf_eval_set(root: Path) -> Dataset:
@@ -57,87 +122,68 @@ def leaf_eval_set(root: Path) -> Dataset:
     return Dataset(np.concatenate([d.x for d in test.values()]), np.concatenate([d.y for d in test.values()]))
 
 
-def write_metrics(metrics: list[RoundMetrics], out: Path) -> None:
-    rows = [asdict(m) for m in metrics]
-    flat = [
-        {k: (v if not isinstance(v, dict) else ";".join(f"{a}={b}" for a, b in v.items())) for k, v in r.items()}
-        for r in rows
-    ]
-    if flat:
-        with (out / "metrics.csv").open("w", newline="") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(flat[0]))
-            writer.writeheader()
-            writer.writerows(flat)
-
-
-def plot_accuracy(metrics: list[RoundMetrics], path: Path, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    rounds = [m.round for m in metrics]
-    ax[0].plot(rounds, [100 * m.test_accuracy for m in metrics], marker="o")
-    ax[0].set(xlabel="round", ylabel="server-side test accuracy (%)", title=title)
-    ax[1].plot(rounds, [m.test_loss for m in metrics], marker="o", label="test")
-    ax[1].plot(rounds, [m.train_loss for m in metrics], marker="o", label="train (devices)")
-    ax[1].set(xlabel="round", ylabel="loss")
-    ax[1].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def serve(opts: ServeOptions, *, progress: bool = True) -> Coordinator:
-    train = TrainConfig(epochs=opts.epochs, batch_size=opts.batch, lr=opts.lr)
-    strategy = make_strategy(opts.strategy, train=train, **opts.strategy_params)
-    eval_data = leaf_eval_set(opts.eval_dir) if opts.eval_dir else None
+def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coordinator:
+    prepared = opts if isinstance(opts, PreparedServe) else prepare_serve(opts)
+    o = prepared.options
+    eval_data = leaf_eval_set(o.eval_dir) if o.eval_dir else None
     coord = Coordinator(
         CoordinatorConfig(
-            opts.run,
-            opts.host,
-            opts.port,
-            opts.state_dir,
-            handoff=opts.handoff,
-            deadline_s=opts.deadline_s,
-            seed=opts.seed,
+            o.run,
+            o.host,
+            o.port,
+            o.state_dir,
+            handoff=o.handoff,
+            deadline_s=o.deadline_s,
+            seed=o.seed,
+            federated_eval_every=o.federated_eval_every,
+            username=o.username,
+            password=o.password,
+            tls=o.tls,
         ),
-        strategy,
-        opts.model_path,
+        prepared.build_strategy(),
+        o.model_path,
         eval_data,
     )
     zc = None
     try:
         coord.connect()
-        if opts.advertise:
+        if o.advertise:
             from device.discovery import advertise
 
-            zc = advertise(opts.run, opts.host, opts.port)
-        resumed = opts.resume and coord.resume()
+            zc = advertise(o.run, o.host, o.port)
+        resumed = o.resume and coord.resume()
         from tqdm import tqdm
 
-        with tqdm(total=opts.min_devices, desc="devices registered", unit="device", disable=not progress) as bar:
+        with tqdm(total=o.min_devices, desc="devices registered", unit="device", disable=not progress) as bar:
 
             def registered(n: int) -> None:
                 bar.n = n
                 bar.refresh()
 
-            coord.wait_for_devices(opts.min_devices, opts.register_timeout, progress=registered)
+            coord.wait_for_devices(o.min_devices, o.register_timeout, progress=registered)
         coord.measure_rtt()
         if not resumed:
             coord.setup_strategy()
+        coord.driver.last_round = o.rounds
+        title = f"{o.strategy} over MQTT ({o.run})"
         with tqdm(
-            total=opts.rounds, initial=coord.round, desc=f"{opts.strategy} rounds", unit="round", disable=not progress
+            total=o.rounds, initial=coord.driver.rnd, desc=f"{o.strategy} rounds", unit="round", disable=not progress
         ) as bar:
-            while coord.round < opts.rounds:
-                m = coord.step()
-                write_metrics(coord.metrics, opts.state_dir)
+            while coord.driver.rnd < o.rounds:
+                rec = coord.step()
+                write_run(
+                    o.state_dir,
+                    RESULTS_STEM,
+                    records=coord.records,
+                    settings=prepared.settings,
+                    title=title,
+                    plot=False,
+                )
                 bar.update(1)
-                bar.set_postfix(acc=f"{m.test_accuracy:.3f}", trained=m.trained, skipped=m.skipped)
-        plot_accuracy(coord.metrics, opts.state_dir / "accuracy.png", f"{opts.strategy} over MQTT ({opts.run})")
-        coord.stop_devices()
-        time.sleep(0.3)
+                shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
+                bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)
+        write_run(o.state_dir, RESULTS_STEM, records=coord.records, settings=prepared.settings, title=title)
+        coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord
     finally:
         if zc is not None:

@@ -1,10 +1,13 @@
-"""The coordinator: device registry, rounds, group managers, evaluation, checkpoints.
+"""The coordinator: the round driver's backend for boards over MQTT.
 
-It drives any :class:`Strategy` exactly as the simulator does, by implementing the
-strategy's :class:`RoundContext` over MQTT: pre-training requests, loss evaluations
-and class counts go to devices and come back as messages and frames. Every receive is
-validated; a malformed message, an unknown device, a stale round or a hand-off from
-the wrong sender is dropped with a log line and counted in the round's metrics.
+It keeps the registry of devices, publishes the model artifact and a retained status
+with a per-process *epoch* (devices register again when a new coordinator appears),
+and offers the driver (:mod:`server.rounds`) what the simulator offers from virtual
+devices: executing a plan with group managers, pre-training and evaluation requests,
+class counts and link matrices. The sender of every message is the device named by
+its topic (``from/<id>/...``); a payload that claims anyone else is dropped. Every
+receive is validated; whatever is wrong is dropped with a log line and counted in the
+round's record, and no single message can stop a run.
 """
 
 from __future__ import annotations
@@ -12,32 +15,42 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from device.data import Dataset
 from device.errors import CoveyError, ModelError, ProtocolError, TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
-from device.mqtt import Incoming, MqttLink, TlsFiles
+from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.protocol import (
     SERVER_ID,
+    EvalRow,
     Message,
     Payload,
+    Ping,
+    Pong,
     Reassembler,
+    Register,
+    ServerStatus,
+    Stop,
     Topics,
+    TrainResult,
     check_weights,
     decode_message,
-    encode_frames,
+    legacy_stop,
+    send_model,
 )
 from device.runtime import TFLiteModel
 from server.artifact import device_artifact
 from server.coordinator import checkpoint
-from server.coordinator.manager import GroupManager
+from server.coordinator.execution import RoundExecution
+from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
+from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats, record_from_dict, records_as_dicts
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
@@ -69,22 +82,7 @@ class DeviceRecord:
     rtt_ms: float = float("nan")
     last_seen: float = 0.0
     direct: bool = True
-
-
-@dataclass
-class RoundMetrics:
-    round: int
-    test_accuracy: float
-    test_loss: float
-    train_loss: float
-    n_groups: int
-    participants: int
-    trained: int
-    skipped: int
-    handoff: dict[str, int]
-    dropped: dict[str, int]
-    wall_s: float
-    extra: dict[str, float] = field(default_factory=dict)
+    online: bool = True
 
 
 class Coordinator:
@@ -102,14 +100,11 @@ class Coordinator:
         self.manifest: Manifest = load_manifest(manifest_path_for(self.model_path))
         self.model = TFLiteModel(self.model_path, self.manifest)
         self.eval_data = eval_data
+        self.epoch = uuid.uuid4().hex[:8]  # this process; task ids and shared keys carry it
         self.devices: dict[str, DeviceRecord] = {}
-        self.metrics: list[RoundMetrics] = []
-        self.rng = np.random.default_rng(config.seed)
         self.round = 0
         self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
-        self._managers: list[GroupManager] = []
-        self._pending: dict[str, dict[str, Any]] = {}  # task id -> waiter for pretrain / evaluate replies
         self._started = False
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = MqttLink(
@@ -120,17 +115,47 @@ class Coordinator:
             password=config.password,
             tls=config.tls,
             clean_session=True,
+            will=Will(self.topics.server_status, self._status("stopped"), retain=True),
         )
-        self.shared = SharedModels(
-            self.topics, lambda topic, data, retain: self.link.publish(topic, data, retain=retain), config.max_chunk
+        self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)
+        self.requests = TaskRequests(
+            self.topics,
+            self._publish,
+            self.shared,
+            self.pump,
+            deadline_s=config.deadline_s,
+            max_chunk=config.max_chunk,
+            task_prefix=self.epoch,
+        )
+        self.execution = RoundExecution(self, self.shared)
+        self.driver = RoundDriver(
+            strategy,
+            self,
+            seed=config.seed,
+            federated_eval_every=config.federated_eval_every,
+            server_eval=self._server_eval if eval_data is not None else None,
         )
 
     # -- setup ----------------------------------------------------------------------------
+    def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:
+        self.link.publish(topic, data, retain=retain)
+
+    def _status(self, state: str) -> bytes:
+        body = ServerStatus(self.epoch, state, model_sha256=self.manifest.sha256)  # type: ignore[arg-type]
+        return Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode()
+
     def connect(self, timeout: float = 15.0) -> None:
         self.link.connect(timeout)
         t = self.topics
-        self.link.subscribe(t.register, t.results, t.server_frames, f"{t.root}/group/+/frames")
+        self.link.subscribe(
+            t.from_filter("register"),
+            t.from_filter("results"),
+            t.from_filter("frames"),
+            t.from_filter("status"),
+            f"{t.root}/server/register",  # protocol-1 devices register here: they are told to upgrade
+        )
         self.publish_artifact()
+        self.link.publish(t.server_status, self._status("running"), retain=True, wait=30.0)
 
     def publish_artifact(self) -> None:
         """The model and its manifest, retained, so a board needs no model files.
@@ -145,22 +170,21 @@ class Coordinator:
             model_bytes, manifest = device_artifact(model_bytes, manifest)
         except ModelError as exc:
             log.warning("publishing %s with its initial values: %s", self.model_path.name, exc)
-        data = np.frombuffer(model_bytes, np.uint8)
-        for i, frame in enumerate(
-            encode_frames(
-                data,
-                kind="artifact",
-                run=self.cfg.run,
-                round=0,
-                group=-1,
-                sender=SERVER_ID,
-                max_chunk=self.cfg.max_chunk,
-            )
-        ):
-            self.link.publish(self.topics.artifact_chunk(i), frame, retain=True)
+        send_model(
+            self._publish,
+            self.topics.artifact_chunk,
+            np.frombuffer(model_bytes, np.uint8),
+            kind="artifact",
+            run=self.cfg.run,
+            round=0,
+            group=-1,
+            sender=SERVER_ID,
+            max_chunk=self.cfg.max_chunk,
+            retain=True,
+        )
         self.link.publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True, wait=30.0)
 
-    def _drop(self, reason: str, detail: str) -> None:
+    def drop(self, reason: str, detail: str) -> None:
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
         log.warning("dropped: %s (%s)", reason, detail)
 
@@ -173,125 +197,151 @@ class Coordinator:
         try:
             self._dispatch(item)
         except CoveyError as exc:
-            self._drop(type(exc).__name__, f"{item.topic}: {exc}")
+            self.drop(type(exc).__name__, f"{item.topic}: {exc}")
+        except Exception as exc:  # no single message, from anyone, may stop a run
+            log.exception("unexpected error handling %s", item.topic)
+            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}")
 
     def _dispatch(self, item: Incoming) -> None:
-        t = self.topics
-        if item.topic == t.register:
-            self._on_register(decode_message(item.payload))
-        elif item.topic == t.results:
-            self._on_result(decode_message(item.payload))
-        elif item.topic == t.server_frames or (
-            item.topic.startswith(f"{t.root}/group/") and item.topic.endswith("/frames")
-        ):
-            evicted = self._frames.evicted
-            payload = self._frames.add(item.payload)
-            if self._frames.evicted > evicted:
-                self._drop("evicted partial payload", f"over {self.cfg.max_pending_mb} MB of partial model payloads")
-            if payload is not None:
-                self._on_frame(payload)
-        else:
+        who = self.topics.device_of(item.topic)
+        if who is None:
+            if item.topic == f"{self.topics.root}/server/register":
+                self._on_legacy_register(item.payload)
+                return
             raise ProtocolError(f"unexpected topic {item.topic}")
-
-    def _on_register(self, msg: Message) -> None:
+        device, kind = who
+        if kind == "status":
+            if device in self.devices:
+                self.devices[device].online = item.payload == b"online"
+            return
+        if kind == "frames":
+            evicted, expired = self._frames.evicted, self._frames.expired
+            payload = self._frames.add(item.payload, sender=device)
+            if self._frames.evicted > evicted or self._frames.expired > expired:
+                self.drop("partial payload evicted or expired", f"from {device}")
+            if payload is not None:
+                self._on_frame(device, payload)
+            return
+        msg = decode_message(item.payload)
+        if msg.sender != device:
+            raise ProtocolError(f"message claims sender {msg.sender!r} but came from {device!r}")
         if msg.run != self.cfg.run:
-            raise ProtocolError(f"registration for run {msg.run!r}")
-        b = msg.body
-        counts = np.asarray(b.get("class_counts", []), np.float64)
-        if counts.shape != (self.manifest.n_classes,) or (counts < 0).any() or not np.isfinite(counts).all():
-            if b.get("runtime") == "pending":
-                return  # a device re-registers once it has the model; counts fit then
-            raise ProtocolError(
-                f"{msg.sender}: class counts of shape {counts.shape}, model has {self.manifest.n_classes} classes"
-            )
-        info = ClientInfo(msg.sender, int(b.get("n_samples", 0)), counts, int(b.get("n_test", 0)))
-        known = msg.sender in self.devices
-        self.devices[msg.sender] = DeviceRecord(
-            info, str(b.get("runtime")), direct=bool(b.get("direct", True)), last_seen=time.monotonic()
-        )
-        if known:
-            log.info("device %s registered again", msg.sender)
+            raise ProtocolError(f"message for run {msg.run!r} from {device}")
+        if kind == "register":
+            if not isinstance(msg.body, Register):
+                raise ProtocolError(f"{msg.type!r} on a register topic")
+            self._on_register(device, msg.body)
+        elif isinstance(msg.body, Pong):
+            self._known(device).rtt_ms = (time.time() - msg.body.echo) * 1000
+        elif msg.type == "result":
+            self._on_result(device, msg)
         else:
-            log.info("device %s registered: %d samples, %s", msg.sender, info.n_samples, b.get("runtime"))
-            if self._started:
-                self.strategy.add_client(info)  # a newcomer
+            raise ProtocolError(f"{msg.type!r} is not a result")
 
-    def _known(self, sender: str) -> DeviceRecord:
-        rec = self.devices.get(sender)
+    def _on_legacy_register(self, payload: bytes) -> None:
+        try:
+            raw = json.loads(payload.decode())
+            sender = str(raw["sender"])
+            version = int(raw.get("v", 1))
+        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+            raise ProtocolError("unreadable message on the protocol-1 register topic") from None
+        reason = "this covey server speaks protocol 2; upgrade covey-device on this board (firmware_scripts/)"
+        self._publish(self.topics.inbox(sender), legacy_stop(self.cfg.run, reason, version), False)
+        raise ProtocolError(f"device {sender!r} speaks protocol {version}; it was told to upgrade and stop")
+
+    def _on_register(self, device: str, body: Register) -> None:
+        if len(body.class_counts) != self.manifest.n_classes:
+            raise ProtocolError(
+                f"{device}: {len(body.class_counts)} class counts, the model has {self.manifest.n_classes} classes"
+            )
+        info = ClientInfo(device, body.n_samples, np.asarray(body.class_counts, np.float64), body.n_test)
+        known = self.devices.get(device)
+        self.devices[device] = DeviceRecord(info, body.runtime, direct=body.direct, last_seen=time.monotonic())
+        if known is not None:
+            self.devices[device].rtt_ms = known.rtt_ms
+            log.info("device %s registered again", device)
+        else:
+            log.info("device %s registered: %d samples, %s", device, body.n_samples, body.runtime)
+        if self._started and (known is None or not np.array_equal(known.info.class_counts, info.class_counts)):
+            self.strategy.add_client(info)  # a newcomer, or new counts
+
+    def _known(self, device: str) -> DeviceRecord:
+        rec = self.devices.get(device)
         if rec is None:
-            raise ProtocolError(f"message from unknown device {sender!r}")
+            raise ProtocolError(f"message from unknown device {device!r}")
         rec.last_seen = time.monotonic()
         return rec
 
-    def _on_result(self, msg: Message) -> None:
-        rec = self._known(msg.sender)
-        if msg.type == "pong":
-            sent = msg.body.get("echo")
-            if isinstance(sent, (int, float)):
-                rec.rtt_ms = (time.time() - float(sent)) * 1000
+    def _on_result(self, device: str, msg: Message) -> None:
+        rec = self._known(device)
+        body = msg.body
+        if not isinstance(body, TrainResult):
+            if not self.requests.on_result(device, body):
+                raise ProtocolError(f"{body.kind} result from {device} for task {body.task_id!r} nobody waits for")
             return
-        if msg.type != "result":
-            raise ProtocolError(f"{msg.type!r} is not a result")
-        counts = msg.body.get("class_counts")
-        if isinstance(counts, list) and len(counts) == self.manifest.n_classes:
-            rec.info = ClientInfo(
-                rec.info.client_id, rec.info.n_samples, np.asarray(counts, np.float64), rec.info.n_test
-            )
-        task_id = str(msg.body.get("task_id", ""))
-        if task_id in self._pending:
-            self._pending[task_id]["result"] = msg.body
-            return
+        if len(body.class_counts) == self.manifest.n_classes:
+            counts = np.asarray(body.class_counts, np.float64)
+            rec.info = ClientInfo(device, int(counts.sum()), counts, rec.info.n_test)
         if msg.round != self.round:
-            raise ProtocolError(f"result of round {msg.round} from {msg.sender}; the current round is {self.round}")
-        for manager in self._managers:
-            if manager.owns(msg.sender) and manager.on_result(msg.sender, msg.body, time.monotonic()):
-                return
-        raise ProtocolError(f"result from {msg.sender} for task {task_id!r} that no group expects")
+            raise ProtocolError(f"result of round {msg.round} from {device}; the current round is {self.round}")
+        if not self.execution.on_result(device, body):
+            raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
 
-    def _on_frame(self, payload: Payload) -> None:
+    def _on_frame(self, device: str, payload: Payload) -> None:
+        self._known(device)
         h = payload.header
-        self._known(h.sender)
         weights = check_weights(payload, self.manifest.n_params)
-        task_id = str(h.extra.get("task_id", ""))
         if h.kind == "update":
-            if task_id not in self._pending:
-                raise ProtocolError(f"update for task {task_id!r} nobody waits for")
-            self._pending[task_id]["update"] = weights
+            if not self.requests.on_update(device, h.extra.task_id or "", weights):
+                raise ProtocolError(f"update for task {h.extra.task_id!r} nobody waits for")
             return
+        if h.kind != "result":
+            raise ProtocolError(f"devices send result and update frames to the server, not {h.kind!r}")
         if h.round != self.round:
-            raise ProtocolError(f"{h.kind} frame of round {h.round} from {h.sender}; current round is {self.round}")
-        for manager in self._managers:
-            if manager.plan.group_id == h.group and manager.on_frame(payload, weights, time.monotonic()):
-                return
-        raise ProtocolError(f"{h.kind} frame from {h.sender} that group {h.group} does not expect")
+            raise ProtocolError(f"result frame of round {h.round} from {device}; current round is {self.round}")
+        if not self.execution.on_frame(payload, weights):
+            raise ProtocolError(f"result frame from {device} that group {h.group} does not expect")
 
     # -- waiting -------------------------------------------------------------------------
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:
         deadline = time.monotonic() + timeout
-        while len(self.ready_devices()) < n:
+        while len(self.devices) < n:
             if time.monotonic() > deadline:
-                raise TransportError(
-                    f"only {len(self.ready_devices())} of {n} devices registered within {timeout:.0f} s"
-                )
+                raise TransportError(f"only {len(self.devices)} of {n} devices registered within {timeout:.0f} s")
             self.pump(0.2)
             if progress:
-                progress(len(self.ready_devices()))
+                progress(len(self.devices))
 
     def ready_devices(self) -> list[str]:
-        return sorted(d for d, r in self.devices.items() if r.runtime != "pending")
+        return sorted(self.devices)
 
     def measure_rtt(self, timeout: float = 5.0) -> None:
         """Ping every device; RTT is measured from the pong (through the broker)."""
         for device in self.ready_devices():
-            msg = Message("ping", self.cfg.run, SERVER_ID, self.round, {"t": time.time()})
-            self.link.publish(self.topics.inbox(device), msg.encode())
+            msg = Message.of(Ping(time.time()), run=self.cfg.run, sender=SERVER_ID, round=self.round)
+            self._publish(self.topics.inbox(device), msg.encode())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and any(np.isnan(self.devices[d].rtt_ms) for d in self.ready_devices()):
             self.pump(0.1)
 
-    # -- RoundContext ---------------------------------------------------------------------
+    # -- the round driver's backend ---------------------------------------------------------
     def clients(self) -> Sequence[ClientInfo]:
         return [self.devices[d].info for d in self.ready_devices()]
+
+    def before_round(self, rnd: int) -> dict[str, float]:
+        self.round = rnd
+        return {}
+
+    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
+        return self.execution.run(plan, seed)
+
+    def pretrain(
+        self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int
+    ) -> dict[str, np.ndarray]:
+        return self.requests.pretrain(client_ids, weights, steps=steps, batch=batch, lr=lr, seed=seed, rnd=rnd)
+
+    def evaluate(self, jobs: Sequence[EvalJob], *, rnd: int) -> list[dict[str, list[EvalRow]]]:
+        return self.requests.evaluate(jobs, rnd=rnd)
 
     def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
         return {c: self.devices[c].info.class_counts for c in client_ids}
@@ -309,215 +359,74 @@ class Coordinator:
         np.fill_diagonal(dist, 0.0)
         return dist
 
-    def _request_with_models(
-        self, kind: str, client_ids: Sequence[str], models: Sequence[np.ndarray], body: dict[str, Any]
-    ) -> dict[str, dict[str, Any]]:
-        tasks = {}
-        # several devices: one retained copy of each model that they all fetch
-        shared = (
-            [self.shared.publish(m, round_=self.round, group=-1, label=f"{kind}{i}") for i, m in enumerate(models)]
-            if len(client_ids) > 1
-            else []
-        )
-        for c in client_ids:
-            task_id = f"{self.cfg.run}-{kind}-{self.round}-{c}-{self.rng.integers(1 << 30)}"
-            tasks[task_id] = c
-            self._pending[task_id] = {}
-            extra_body = {"shared": shared} if shared else {}
-            msg = Message(kind, self.cfg.run, SERVER_ID, self.round, {"task_id": task_id, **body, **extra_body})
-            self.link.publish(self.topics.inbox(c), msg.encode())
-            for i, m in enumerate(models if not shared else ()):
-                for frame in encode_frames(
-                    m,
-                    kind="model",
-                    run=self.cfg.run,
-                    round=self.round,
-                    group=-1,
-                    sender=SERVER_ID,
-                    max_chunk=self.cfg.max_chunk,
-                    extra={"task_id": task_id, "index": i},
-                ):
-                    self.link.publish(self.topics.frames(c), frame)
-        key = "update" if kind == "pretrain" else "result"
-        deadline = time.monotonic() + self.cfg.deadline_s
-        try:
-            while time.monotonic() < deadline and any(key not in self._pending[t] for t in tasks):
-                self.pump(0.1)
-        finally:
-            self.shared.clear(*shared)
-        out = {tasks[t]: self._pending.pop(t) for t in list(tasks)}
-        missing = [c for c, v in out.items() if key not in v]
-        if missing:
-            log.warning("%s: no reply from %s before the deadline", kind, missing)
-        return out
+    def round_stats(self) -> RoundStats:
+        stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped))
+        self._dropped = {}
+        return stats
 
-    def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
-        t = self.strategy.train
-        replies = self._request_with_models(
-            "pretrain",
-            client_ids,
-            [weights],
-            {"steps": steps, "batch": t.batch_size, "lr": t.lr, "seed": self.cfg.seed},
-        )
-        return {c: v["update"] for c, v in replies.items() if "update" in v}
-
-    def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
-        replies = self._request_with_models("evaluate", client_ids, models, {"n_models": len(models), "split": "train"})
-        out = np.full((len(client_ids), len(models)), np.inf)
-        for i, c in enumerate(client_ids):
-            for row in replies[c].get("result", {}).get("evaluations", []):
-                out[i, int(row["index"])] = float(row["loss"])
-        return out
-
-    # -- rounds ---------------------------------------------------------------------------
-    def _handoff_for(self, group_index: int, members: Sequence[str]) -> str:
-        mode = self.cfg.handoff
-        if mode == "mixed":
-            return "direct" if group_index % 2 == 0 else "relay"
-        if mode in ("direct", "relay"):
-            return mode
-        slow = [d for d in members if not self.devices[d].direct or self.devices[d].rtt_ms > self.cfg.relay_rtt_ms]
-        return "relay" if slow else "direct"
-
-    def _execute(self, plan: RoundPlan) -> list[GroupResult]:
-        unknown = sorted({d for g in plan.groups for d in g.members if d not in self.devices})
-        if unknown:
-            raise ProtocolError(f"plan names unknown devices {unknown}")
-        now = time.monotonic()
-        self._managers = []
-        try:
-            for i, g in enumerate(plan.groups):
-                manager = GroupManager(
-                    g,
-                    plan.round,
-                    plan.models[g.start_model],
-                    plan.train,
-                    topics=self.topics,
-                    publish=lambda topic, data: self.link.publish(topic, data),
-                    handoff=self._handoff_for(i, g.members),
-                    deadline_s=self.cfg.deadline_s,
-                    seed=self.cfg.seed,
-                    max_chunk=self.cfg.max_chunk,
-                    shared=self.shared,
-                )
-                for d in g.members:
-                    self.link.publish(
-                        self.topics.assignment(d),
-                        json.dumps({"run": self.cfg.run, "round": plan.round, "group": g.group_id}).encode(),
-                        retain=True,
-                    )
-                self._managers.append(manager)
-                manager.start(now)
-            while not all(m.done for m in self._managers):
-                self.pump(0.05)
-                now = time.monotonic()
-                for m in self._managers:
-                    m.tick(now)
-        finally:
-            for m in self._managers:
-                m.release()  # no shared start model outlives its round on the broker
-        return [m.result() for m in self._managers]
-
-    def evaluate(self) -> tuple[float, float]:
-        if self.eval_data is None or self.strategy.global_weights is None:
-            return float("nan"), float("nan")
-        self.model.set_weights(self.strategy.global_weights)
+    def _server_eval(self, weights: np.ndarray) -> tuple[float, float]:
+        assert self.eval_data is not None
+        self.model.set_weights(weights)
         ev = self.model.evaluate(self.eval_data.x, self.eval_data.y)
         return ev.accuracy, ev.loss
 
-    def federated_evaluate(self) -> tuple[float, float]:
-        """Weighted accuracy and loss of each device's current model on its own test set."""
-        by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
-        for d in self.ready_devices():
-            m = self.strategy.model_for(d)
-            by_model.setdefault(id(m), (m, []))[1].append(d)
-        correct = loss = n = 0.0
-        for model, devices in by_model.values():
-            replies = self._request_with_models("evaluate", devices, [model], {"n_models": 1, "split": "test"})
-            for reply in replies.values():
-                for row in reply.get("result", {}).get("evaluations", []):
-                    correct += float(row["correct"])
-                    loss += float(row["loss"]) * float(row["n"])
-                    n += float(row["n"])
-        return (correct / n, loss / n) if n else (float("nan"), float("nan"))
+    # -- rounds ---------------------------------------------------------------------------
+    @property
+    def records(self) -> list[RoundRecord]:
+        return self.driver.records
 
     def setup_strategy(self) -> None:
-        initial = self.model.get_weights()
-        self.strategy.setup(self.clients(), initial, self.rng)
+        self.driver.setup(self.model.get_weights())
         self._started = True
 
-    def step(self) -> RoundMetrics:
-        self.round += 1
-        start = time.monotonic()
-        self._dropped = {}
-        plan = self.strategy.plan_round(self.round, self)
-        results = self._execute(plan)
-        summary = self.strategy.aggregate(self.round, plan, results)
-        acc, loss = self.evaluate()
-        extra = dict(summary.extra)
-        if self.cfg.federated_eval_every and self.round % self.cfg.federated_eval_every == 0:
-            extra["federated_accuracy"], extra["federated_loss"] = self.federated_evaluate()
-        handoffs: dict[str, int] = {}
-        for m in self._managers:
-            if m.plan.mode == "chain":
-                handoffs[m.handoff] = handoffs.get(m.handoff, 0) + 1
-        metrics = RoundMetrics(
-            self.round,
-            acc,
-            loss,
-            summary.train_loss,
-            len(plan.groups),
-            len(plan.participants),
-            sum(len(m.trained_members) for m in self._managers),
-            sum(len(r.skipped) for r in results),
-            handoffs,
-            dict(self._dropped),
-            time.monotonic() - start,
-            extra,
-        )
-        self.metrics.append(metrics)
+    def step(self) -> RoundRecord:
+        record = self.driver.step()
         self.checkpoint()
         log.info(
-            "round %d: accuracy %.2f%% loss %.3f, %d groups, %d trained, %d skipped, %.1f s",
-            self.round,
-            100 * acc,
-            loss,
-            metrics.n_groups,
-            metrics.trained,
-            metrics.skipped,
-            metrics.wall_s,
+            "round %d: server accuracy %.2f%%, federated %.2f%%, %d groups, %d trained, %d skipped, %.1f s",
+            record.round,
+            100 * record.server_accuracy,
+            100 * record.federated_accuracy,
+            record.n_groups,
+            record.trained,
+            record.skipped,
+            record.wall_s,
         )
-        return metrics
+        return record
 
     # -- checkpoints ----------------------------------------------------------------------
     def checkpoint(self) -> None:
-        """Round, registry, metrics and the strategy's state (JSON + npz, no pickle)."""
-        d = self.cfg.state_dir
-        checkpoint.save(
-            {
-                "round": self.round,
-                "strategy": self.strategy,
-                "devices": self.devices,
-                "metrics": [asdict(m) for m in self.metrics],
-            },
-            d,
-        )
-        (d / "metrics.json").write_text(json.dumps([asdict(m) for m in self.metrics], indent=1, default=float) + "\n")
+        """Round, registry, records and the strategy's state (JSON + npz, no pickle)."""
+        state = {
+            "round": self.driver.rnd,
+            "model_bytes": self.driver.model_bytes,
+            "strategy": self.strategy,
+            "devices": self.devices,
+            "records": records_as_dicts(self.records),
+        }
+        checkpoint.save(state, self.cfg.state_dir)
 
     def resume(self) -> bool:
         state = checkpoint.load(self.cfg.state_dir)
         if state is None:
             return False
-        self.strategy, self.round = state["strategy"], int(state["round"])
+        self.strategy = self.driver.strategy = state["strategy"]
         self.devices.update(state.get("devices", {}))  # devices registered before the restart
-        self.metrics = [RoundMetrics(**m) for m in state["metrics"]]
+        records = [record_from_dict(r) for r in state.get("records", [])]
+        self.driver.resume(int(state["round"]), records, int(state.get("model_bytes", 0)))
+        self.round = int(state["round"])
         self._started = True
         log.info("resumed from the checkpoint of round %d", self.round)
         return True
 
-    def stop_devices(self) -> None:
+    def stop_devices(self, reason: str = "the run is over") -> None:
         for d in self.devices:
-            self.link.publish(self.topics.inbox(d), Message("stop", self.cfg.run, SERVER_ID, self.round).encode())
+            self._publish(self.topics.inbox(d), Message.of(Stop(reason), run=self.cfg.run, sender=SERVER_ID).encode())
 
     def close(self) -> None:
+        if self.link.connected:
+            try:
+                self.link.publish(self.topics.server_status, self._status("stopped"), retain=True, wait=5.0)
+            except TransportError:
+                log.warning("could not mark the run stopped on the broker")
         self.link.close()

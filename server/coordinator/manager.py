@@ -1,11 +1,16 @@
 """Group managers: the in-process virtual nodes of FedGSP Sec. 3.2 that run one group
 of one round.
 
-Chain mode. Every member gets its train request at once (its position, predecessor
-and where its output goes); the manager sends the start model to the first member.
-With *direct* hand-offs each member publishes its model straight to its successor's
-frames topic; with *relay* hand-offs every model comes to the manager, which forwards
-it. The last member always returns the chain's model to the manager.
+Chain mode. Every member gets its ``train`` request at once (its position,
+predecessor and where its output goes); the manager sends the start model to the
+first member. With *direct* hand-offs each member publishes its model straight to
+its successor (``device/<next>/frames/from/<me>``); with *relay* hand-offs every
+model comes to the manager, which forwards it. The last member always returns the
+chain's model to the manager.
+
+Results and frames may arrive in any order: a member that waited for the broker to
+acknowledge its hand-off before sending its ``result`` message is not penalised when
+its successor reports first (the chain advances past every member that reported).
 
 Deadlines. If the member whose turn it is does not report in time it is skipped and
 the chain continues from the last good model: the manager holds it (relay), asks the
@@ -14,8 +19,7 @@ Nothing already trained is thrown away.
 
 Parallel mode. Every member trains from the group's start model and returns its model
 to the manager; members that miss the deadline are skipped. The start model is
-published once as a shared, retained model (``server/coordinator/shared.py``) that
-the members fetch from the broker, not once per member.
+published once as a shared, retained model (``server/coordinator/shared.py``).
 """
 
 from __future__ import annotations
@@ -23,17 +27,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
 import numpy as np
 
-from device.protocol import SERVER_ID, Message, Payload, Topics, encode_frames
+from device.protocol import (
+    SERVER_ID,
+    DeviceHop,
+    FrameExtra,
+    Hop,
+    ManagerHop,
+    Message,
+    Payload,
+    ResendRequest,
+    Topics,
+    TrainRequest,
+    TrainResult,
+    send_model,
+)
 from server.coordinator.shared import SharedModels
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
 
 log = logging.getLogger("covey.server")
 
-Publish = Callable[[str, bytes], None]
+Publish = Callable[[str, bytes, bool], None]
+Handoff = Literal["direct", "relay"]
 
 
 @dataclass
@@ -57,20 +75,23 @@ class GroupManager:
         *,
         topics: Topics,
         publish: Publish,
-        handoff: str,
+        handoff: Handoff,
         deadline_s: float,
         seed: int,
         max_chunk: int,
+        task_prefix: str,
         shared: SharedModels | None = None,
     ) -> None:
         self.plan, self.round, self.topics, self.publish = plan, round_, topics, publish
-        self.handoff = handoff if plan.mode == "chain" else "relay"
+        self.handoff: Handoff = handoff if plan.mode == "chain" else "relay"
         self.deadline_s, self.seed, self.max_chunk = deadline_s, seed, max_chunk
         self.train = train
         self.start_weights = start_weights
         self.shared = shared
         self.shared_key: str | None = None
-        self.members = [_Member(d, f"{topics.run}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)]
+        self.members = [
+            _Member(d, f"{task_prefix}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)
+        ]
         self.current = 0
         self.last_good: np.ndarray = start_weights
         self.last_good_index = -1  # -1: the start model
@@ -81,35 +102,33 @@ class GroupManager:
         self.resends = 0
 
     # -- helpers -------------------------------------------------------------------------
-    def _send_request(self, member: _Member, index: int) -> None:
-        chain = self.plan.mode == "chain"
-        direct = chain and self.handoff == "direct"
-        nxt: dict[str, Any] = {"group": self.plan.group_id}
-        if direct and index + 1 < len(self.members):
+    def _next_hop(self, index: int) -> Hop:
+        if self.plan.mode == "chain" and self.handoff == "direct" and index + 1 < len(self.members):
             successor = self.members[index + 1]
-            nxt = {"device": successor.device, "task_id": successor.task_id}
+            return DeviceHop(successor.device, successor.task_id)
+        return ManagerHop(self.plan.group_id)
+
+    def _send_request(self, member: _Member, index: int) -> None:
+        direct = self.plan.mode == "chain" and self.handoff == "direct"
         predecessor = self.members[index - 1].device if direct and index > 0 else SERVER_ID
-        body = {
-            "task_id": member.task_id,
-            "group": self.plan.group_id,
-            "position": index,
-            "mode": self.plan.mode,
-            "predecessor": predecessor,
-            "next": nxt,
-            "epochs": self.train.epochs,
-            "batch": self.train.batch_size,
-            "lr": self.train.lr,
-            "mu": self.train.mu,
-            "max_steps": self.train.max_steps,
-            "seed": self.seed,
-        }
-        if self.shared_key is not None:
-            body["shared"] = [self.shared_key]
-        msg = Message("train", self.topics.run, SERVER_ID, self.round, body)
-        self.publish(self.topics.inbox(member.device), msg.encode())
+        request = TrainRequest(
+            task_id=member.task_id,
+            group=self.plan.group_id,
+            position=index,
+            mode=self.plan.mode,
+            predecessor=predecessor,
+            next=self._next_hop(index),
+            train=self.train.to_wire(),
+            seed=self.seed,
+            shared=(self.shared_key,) if self.shared_key is not None else (),
+        )
+        msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
+        self.publish(self.topics.inbox(member.device), msg.encode(), False)
 
     def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
-        for frame in encode_frames(
+        send_model(
+            self.publish,
+            self.topics.frames(member.device),
             weights,
             kind="model",
             run=self.topics.run,
@@ -117,9 +136,8 @@ class GroupManager:
             group=self.plan.group_id,
             sender=SERVER_ID,
             max_chunk=self.max_chunk,
-            extra={"task_id": member.task_id, "position": position},
-        ):
-            self.publish(self.topics.frames(member.device), frame)
+            extra=FrameExtra(member.task_id, position=position),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -149,56 +167,57 @@ class GroupManager:
     def owns(self, device: str) -> bool:
         return any(m.device == device for m in self.members)
 
-    def on_result(self, device: str, body: dict[str, Any], now: float) -> bool:
-        """A member's JSON result; False if it is not the one this manager expects."""
-        member = next((m for m in self.members if m.device == device and m.task_id == body.get("task_id")), None)
+    def on_result(self, device: str, result: TrainResult, now: float) -> bool:
+        """A member's result message; False if it is not one this manager expects."""
+        member = next((m for m in self.members if m.device == device and m.task_id == result.task_id), None)
         if member is None or member.reported or member.skipped:
             return False
-        member.reported, member.n_samples, member.loss = (
-            True,
-            int(body.get("n_samples", 0)),
-            float(body.get("loss", float("nan"))),
-        )
+        member.reported, member.n_samples, member.loss = True, result.n_samples, result.loss
         if self.plan.mode == "chain" and self.handoff == "direct":
-            index = self.members.index(member)
-            if index == self.current:
-                self.last_good_index = index
+            moved = False
+            while self.current < len(self.members) and self.members[self.current].reported:
+                self.last_good_index = self.current
                 self.current += 1
+                moved = True
+            if moved:
                 self.deadline = now + self.deadline_s
         self._check_done()
         return True
 
     def on_frame(self, payload: Payload, weights: np.ndarray, now: float) -> bool:
-        """A model frame on the group topic; False if it is not expected."""
+        """A ``result`` frame from a member; False if it is not expected."""
         h = payload.header
         if self.waiting_resend and self.last_good_index >= 0 and h.sender == self.members[self.last_good_index].device:
             self.waiting_resend = False
             self.last_good = weights
             self._continue_after_skip(now)
             return True
-        member = next((m for m in self.members if m.device == h.sender and m.task_id == h.extra.get("task_id")), None)
+        member = next((m for m in self.members if m.device == h.sender and m.task_id == h.extra.task_id), None)
         if member is None or member.skipped or member.weights is not None:
             return False
-        member.weights = weights
         index = self.members.index(member)
         if self.plan.mode == "chain":
-            if index != self.current and not (self.handoff == "direct" and index == len(self.members) - 1):
+            last = len(self.members) - 1
+            expected = last if self.handoff == "direct" else self.current
+            if index != expected:
                 return False
-            self.last_good, self.last_good_index = weights, index
-            if index == len(self.members) - 1:
+            member.weights = weights
+            self.last_good, self.last_good_index = weights, max(self.last_good_index, index)
+            if index == last:
                 self.final = weights
             elif self.handoff == "relay":
                 self.current = index + 1
                 self._send_model(weights, self.members[self.current], self.current)
                 self.deadline = now + self.deadline_s
+        else:
+            member.weights = weights
         self._check_done()
         return True
 
     def _check_done(self) -> None:
         if self.plan.mode == "chain":
             last = self.members[-1]
-            finished = self.final is not None and (last.reported or last.skipped)
-            self.done = self.done or finished
+            self.done = self.done or (self.final is not None and (last.reported or last.skipped))
         else:
             self.done = all((m.reported and m.weights is not None) or m.skipped for m in self.members)
 
@@ -218,7 +237,13 @@ class GroupManager:
             self.waiting_resend = False
             self._continue_after_skip(now)
             return
-        late = self.members[self.current]
+        if self.current >= len(self.members):
+            # every member reported, but the chain's model never reached the manager
+            late = self.members[-1]
+            self.last_good_index = len(self.members) - 2
+        else:
+            late = self.members[self.current]
+            self.current += 1
         late.skipped = True
         log.warning(
             "round %d group %d: %s missed its deadline; the chain goes on without it",
@@ -226,18 +251,16 @@ class GroupManager:
             self.plan.group_id,
             late.device,
         )
-        self.current += 1
         if self.handoff == "direct" and self.last_good_index >= 0:
             # the last good model sits on the last good member: ask for it again
             src = self.members[self.last_good_index]
-            msg = Message(
-                "resend",
-                self.topics.run,
-                SERVER_ID,
-                self.round,
-                {"task_id": src.task_id, "to": {"group": self.plan.group_id}},
+            msg = Message.of(
+                ResendRequest(src.task_id, ManagerHop(self.plan.group_id)),
+                run=self.topics.run,
+                sender=SERVER_ID,
+                round=self.round,
             )
-            self.publish(self.topics.inbox(src.device), msg.encode())
+            self.publish(self.topics.inbox(src.device), msg.encode(), False)
             self.waiting_resend = True
             self.resends += 1
             self.deadline = now + self.deadline_s

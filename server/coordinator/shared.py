@@ -15,12 +15,11 @@ no stale models.
 from __future__ import annotations
 
 import itertools
-import uuid
 from collections.abc import Callable
 
 import numpy as np
 
-from device.protocol import SERVER_ID, Topics, encode_frames
+from device.protocol import SERVER_ID, FrameExtra, Topics, send_model
 
 PublishRetained = Callable[[str, bytes, bool], None]
 
@@ -28,33 +27,30 @@ PublishRetained = Callable[[str, bytes, bool], None]
 class SharedModels:
     """Publishes and clears the retained shared models of one coordinator."""
 
-    def __init__(self, topics: Topics, publish: PublishRetained, max_chunk: int) -> None:
+    def __init__(self, topics: Topics, publish: PublishRetained, max_chunk: int, token: str) -> None:
         self.topics, self._publish, self.max_chunk = topics, publish, max_chunk
         self._live: dict[str, int] = {}  # key -> number of retained chunks
         self._counter = itertools.count()
-        # unique per coordinator process: a restarted coordinator never reuses a key a
-        # crashed one may have left retained on the broker
-        self._token = uuid.uuid4().hex[:8]
+        # unique per coordinator process (its epoch): a restarted coordinator never
+        # reuses a key a crashed one may have left retained on the broker
+        self._token = token
 
     def publish(self, weights: np.ndarray, *, round_: int, group: int, label: str) -> str:
         """Publish ``weights`` once, retained; returns the key devices subscribe to."""
         key = f"r{int(round_)}-{label}-{self._token}{next(self._counter)}"
-        n = 0
-        for i, frame in enumerate(
-            encode_frames(
-                weights,
-                kind="model",
-                run=self.topics.run,
-                round=round_,
-                group=group,
-                sender=SERVER_ID,
-                max_chunk=self.max_chunk,
-                extra={"shared": key},
-            )
-        ):
-            self._publish(self.topics.shared_chunk(key, i), frame, True)
-            n = i + 1
-        self._live[key] = n
+        self._live[key] = send_model(
+            self._publish,
+            lambda i: self.topics.shared_chunk(key, i),
+            weights,
+            kind="model",
+            run=self.topics.run,
+            round=round_,
+            group=group,
+            sender=SERVER_ID,
+            max_chunk=self.max_chunk,
+            extra=FrameExtra(shared=key),
+            retain=True,
+        )
         return key
 
     def clear(self, *keys: str) -> None:

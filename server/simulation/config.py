@@ -13,27 +13,33 @@ A file looks like::
     beta = 1.0
     users = 100
 
-    [train]
+    [train]                 # leave out what the method's paper sets
     epochs = 10
     batch = 10
     lr = 0.01
+    mu = 0.0
 
     [strategy]
     name = "flexcfl"
     n_groups = 5
     clients_per_round = 20
 
-Flags override the file; unknown keys are errors that name the key.
+Flags override the file, the file overrides a preset (``--preset``), and a preset
+overrides the method's paper settings; ``origins`` remembers which source set each
+key (:mod:`server.settings`). Training settings left unset take the strategy's own
+paper values. Unknown keys are errors that name the key.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from device.errors import ConfigError
+from server.settings import Setting, Source
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -59,12 +65,15 @@ class SimulationConfig:
     rounds: int = 50
     seed: int = 0
     workers: int = 1
-    epochs: int = 1
-    batch: int = 10
-    lr: float = 0.01
+    epochs: int | None = None  # None: the strategy's paper value
+    batch: int | None = None
+    lr: float | None = None
+    mu: float | None = None
     shift_probability: float = 0.0
     shift_mode: str = "all"
     clients_per_round: int | None = None  # applied to the strategies that take it
+    # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
+    origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -80,11 +89,17 @@ class SimulationConfig:
             ("workers", self.workers, 1),
             ("epochs", self.epochs, 1),
             ("batch", self.batch, 1),
+            ("seed", self.seed, 0),
+            ("clients_per_round", self.clients_per_round, 1),
         ):
-            if not isinstance(value, int) or value < low:
+            if value is None and name in ("epochs", "batch", "clients_per_round"):
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-        if not (isinstance(self.lr, (int, float)) and self.lr > 0):
+        if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
             raise ConfigError(f"lr must be a positive number, got {self.lr!r}")
+        if self.mu is not None and not (isinstance(self.mu, (int, float)) and self.mu >= 0):
+            raise ConfigError(f"mu must be a number >= 0, got {self.mu!r}")
         if not 0 <= self.shift_probability <= 1:
             raise ConfigError(f"shift probability must be in [0, 1], got {self.shift_probability}")
 
@@ -92,15 +107,43 @@ class SimulationConfig:
     def model_name(self) -> str:
         return self.model or DEFAULT_MODEL[self.dataset]
 
-    def with_overrides(self, **changes: Any) -> SimulationConfig:
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+    def with_overrides(self, source: Source = Source.FLAG, detail: str = "", **changes: Any) -> SimulationConfig:
+        """A copy with ``changes`` (``None`` values are ignored) set by ``source``.
+
+        ``strategy_params`` and ``dataset_params`` are merged key by key."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        origins = dict(self.origins)
+        for key, value in changes.items():
+            if key in ("strategy_params", "dataset_params"):
+                prefix = key.split("_")[0]
+                origins.update({f"{prefix}.{k}": (source, detail) for k in value})
+            else:
+                origins[key] = (source, detail)
+        if "strategy_params" in changes:
+            changes["strategy_params"] = {**self.strategy_params, **changes["strategy_params"]}
+        if "dataset_params" in changes:
+            changes["dataset_params"] = {**self.dataset_params, **changes["dataset_params"]}
+        return replace(self, origins=origins, **changes)
+
+    def setting(self, key: str, value: Any) -> Setting:
+        """The effective setting ``key`` (``value``) with where it came from."""
+        source, detail = self.origins.get(key, (Source.DEFAULT, ""))
+        return Setting(value, source, detail)
+
+    def given(self, prefix: str) -> dict[str, Setting]:
+        """The settings under ``prefix`` that someone set (``train``, ``strategy``)."""
+        if prefix == "train":
+            values = {"epochs": self.epochs, "batch": self.batch, "lr": self.lr, "mu": self.mu}
+            return {k: self.setting(k, v) for k, v in values.items() if v is not None}
+        params = self.strategy_params if prefix == "strategy" else self.dataset_params
+        return {k: self.setting(f"{prefix}.{k}", v) for k, v in params.items()}
 
 
 SECTIONS = {"simulation", "dataset", "train", "strategy"}
 
 
-def load_config(path: Path | str) -> SimulationConfig:
-    """Read a TOML settings file (see the module docstring)."""
+def load_config(path: Path | str, base: SimulationConfig | None = None) -> SimulationConfig:
+    """Read a TOML settings file (see the module docstring) over ``base``."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -118,7 +161,7 @@ def load_config(path: Path | str) -> SimulationConfig:
             kwargs[key] = sim.pop(key)
     if sim:
         raise ConfigError(f"{path}: unknown [simulation] key(s) {sorted(sim)}")
-    for key in ("epochs", "batch", "lr"):
+    for key in ("epochs", "batch", "lr", "mu"):
         if key in train:
             kwargs[key] = train.pop(key)
     if train:
@@ -129,7 +172,13 @@ def load_config(path: Path | str) -> SimulationConfig:
     if "name" in strat:
         kwargs["strategy"] = strat.pop("name")
     kwargs["strategy_params"] = strat
-    return SimulationConfig(**kwargs)
+    base = base or SimulationConfig()
+    if kwargs.get("dataset", base.dataset) != base.dataset:
+        base = replace(base, dataset_params={})  # a preset's data settings belong to its data set
+    try:
+        return base.with_overrides(Source.CONFIG, str(path), **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:

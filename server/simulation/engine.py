@@ -1,101 +1,32 @@
-"""The simulation engine: any :class:`Strategy` over in-process virtual devices.
+"""The simulation backend: virtual devices for the one round driver (no broker).
 
-No broker: the engine implements the strategy's :class:`RoundContext` itself and runs
-each :class:`RoundPlan` with :class:`Trainer` (the real LiteRT train signatures). Work
-units (one chain, one parallel member, one pre-training, one evaluation) go to a pool
-of worker processes when ``workers > 1`` (fork: the data are shared copy-on-write);
-results do not depend on the number of workers.
-
-Per round it records (:class:`RoundRecord`): weighted test accuracy and loss (each
-client scored with ``strategy.model_for(client)``, weighted by its test samples),
-train loss, the median pairwise CPD of the round's groups, the bytes that would cross
-the network, and the modelled computation and communication times of FedGSP
-Eq. (15)-(17) (:class:`CostModel`).
+:class:`VirtualDevices` is the simulator's :class:`~server.rounds.Backend`: it runs
+each work unit (one chain, one parallel member, one pre-training, one evaluation)
+with :class:`Trainer`, which calls the same device code a board runs. Work units go
+to a pool of worker processes when ``workers > 1`` (fork: the data are shared
+copy-on-write); results do not depend on the number of workers. :class:`Simulation`
+is the driver and this backend together.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from device.data import class_counts
-from server.metrics import pairwise_cpd
+from device.protocol import EvalRow
+from server.costs import CostModel
+from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.trainer import ChainOutcome, Trainer
-from server.strategies.base import (
-    ClientInfo,
-    GroupResult,
-    MemberResult,
-    RoundPlan,
-    Strategy,
-)
+from server.strategies.base import ClientInfo, GroupResult, MemberResult, RoundPlan, Strategy
 
-# -- cost model (FedGSP Sec. 4.1, Eq. 15-17) --------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CostModel:
-    """Modelled time and traffic, FedGSP's defaults: 96 MFLOPs per training sample,
-    6.3 MFLOPs per aggregated model, a 567 GFLOPS device (Snapdragon 835 / Adreno 540),
-    567 Mbit/s in and out. Model size comes from the actual weights."""
-
-    flops_per_sample: float = 96e6
-    flops_per_aggregation: float = 6.3e6
-    device_flops: float = 567e9
-    rate_in_bps: float = 567e6
-    rate_out_bps: float = 567e6
-
-    def round_costs(
-        self, plan: RoundPlan, results: Sequence[GroupResult], epochs: int, model_bytes: int
-    ) -> dict[str, float]:
-        # Eq. (15): the longest sequential workload (a chain trains its members in turn)
-        longest = 0
-        models = 0
-        downloads = uploads = 0
-        for g, r in zip(plan.groups, results, strict=True):
-            counts = [m.n_samples for m in r.members]
-            if g.mode == "chain":
-                longest = max(longest, sum(counts))
-                models += 1
-                downloads += len(g.members)  # the first gets the model, each successor the hand-off
-                uploads += len(g.members)  # each hands on; the last returns the chain's model
-            else:
-                longest = max([longest, *counts])
-                models += len(g.members)
-                downloads += len(g.members)
-                uploads += len(g.members)
-        comp = self.flops_per_sample / self.device_flops * longest * epochs
-        comp += self.flops_per_aggregation / self.device_flops * max(models - 1, 0)
-        # Eq. (16)-(17) per round: 8 bits per byte over the in/out rates
-        comm = 8 * model_bytes * (downloads / self.rate_in_bps + uploads / self.rate_out_bps)
-        return {"t_comp_s": comp, "t_comm_s": comm, "bytes": float(model_bytes * (downloads + uploads))}
-
-
-# -- records -----------------------------------------------------------------------------------
-
-
-@dataclass
-class RoundRecord:
-    round: int
-    test_accuracy: float
-    test_loss: float
-    train_loss: float
-    n_groups: int
-    participants: int
-    median_cpd: float
-    bytes: float
-    t_comp_s: float
-    t_comm_s: float
-    wall_s: float
-    extra: dict[str, float] = field(default_factory=dict)
-
+SHIFT_STREAM = 0x5817  # the distribution shift draws from its own stream, never the strategy's
 
 # -- worker side -------------------------------------------------------------------------------
 
@@ -139,7 +70,115 @@ class _Pool:
         self.executor.shutdown(cancel_futures=True)
 
 
-# -- the engine --------------------------------------------------------------------------------
+# -- the backend -------------------------------------------------------------------------------
+
+
+class VirtualDevices:
+    """Every client of ``federation`` as a virtual device.
+
+    Parameters
+    ----------
+    federation : client id -> :class:`ClientData`.
+    model_path : the zoo ``.tflite`` (manifest beside it).
+    workers : processes for training and evaluation (1: in this process).
+    snr_db, distance : optional link matrices (clients in sorted id order) offered to
+        strategies that group by link quality (DSC, FedAvg-IC, HierFAVG).
+    shift : optional distribution shift applied before every round (FlexCFL).
+    seed : seeds the shift's own generator.
+    """
+
+    def __init__(
+        self,
+        federation: Federation,
+        model_path: Path | str,
+        *,
+        workers: int = 1,
+        snr_db: np.ndarray | None = None,
+        distance: np.ndarray | None = None,
+        shift: SwapShift | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.federation = federation
+        self.ids = sorted(federation)
+        self.model_path = str(model_path)
+        self.local = Trainer(model_path, federation, threads=1 if workers > 1 else 2)
+        self.n_classes = self.local.model.manifest.n_classes
+        for data in federation.values():
+            for part in (data.train, data.test):
+                if len(part):
+                    self.local.model.check_data(part.x, part.y)  # clear error if the model does not fit
+        self.workers = workers
+        self.pool: _Local | _Pool = _Pool(workers, self.model_path, federation) if workers > 1 else _Local(self.local)
+        self._snr, self._distance = snr_db, distance
+        self.shift = shift
+        self.shift_rng = np.random.default_rng([int(seed), SHIFT_STREAM])
+        self.seen: set[str] = set()
+
+    def initial_weights(self) -> np.ndarray:
+        return self.local.model.get_weights()
+
+    # -- Backend --------------------------------------------------------------------------
+    def _info(self, cid: str) -> ClientInfo:
+        d = self.federation[cid]
+        return ClientInfo(cid, len(d.train), class_counts(d.train.y, self.n_classes), len(d.test))
+
+    def clients(self) -> Sequence[ClientInfo]:
+        return [self._info(c) for c in self.ids]
+
+    def before_round(self, rnd: int) -> dict[str, float]:
+        if self.shift is None:
+            return {}
+        moved = self.shift.apply(self.federation, sorted(self.seen), self.shift_rng)
+        if moved and isinstance(self.pool, _Pool):  # workers hold their own copy of the data
+            self.pool.close()
+            self.pool = _Pool(self.workers, self.model_path, self.federation)
+        return {"shifted_clients": float(len(moved))}
+
+    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
+        settings = plan.train.to_wire()
+        chains = [g for g in plan.groups if g.mode == "chain"]
+        parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in g.members]
+        chain_out: list[ChainOutcome] = self.pool.map(
+            "chain", [(plan.models[g.start_model], list(g.members), settings, seed, plan.round) for g in chains]
+        )
+        member_out: list[MemberResult] = self.pool.map(
+            "parallel", [(plan.models[g.start_model], c, settings, seed, plan.round) for g, c in parallel]
+        )
+        by_chain = {g.group_id: o for g, o in zip(chains, chain_out, strict=True)}
+        by_member = {c: o for (_, c), o in zip(parallel, member_out, strict=True)}
+        results = []
+        for g in plan.groups:
+            if g.mode == "chain":
+                o = by_chain[g.group_id]
+                results.append(GroupResult(g.group_id, o.members, o.final_weights))
+            else:
+                results.append(GroupResult(g.group_id, tuple(by_member[c] for c in g.members)))
+        self.seen.update(plan.participants)
+        return results
+
+    def pretrain(
+        self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int
+    ) -> dict[str, np.ndarray]:
+        updates = self.pool.map("pretrain", [(weights, c, steps, batch, lr, seed, rnd) for c in client_ids])
+        return dict(zip(client_ids, updates, strict=True))
+
+    def evaluate(self, jobs: Sequence[EvalJob], *, rnd: int) -> list[dict[str, list[EvalRow]]]:
+        return self.pool.map("evaluate", [(list(j.models), list(j.clients), j.split) for j in jobs])
+
+    def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return {c: class_counts(self.federation[c].train.y, self.n_classes) for c in client_ids}
+
+    def snr_matrix(self) -> np.ndarray | None:
+        return self._snr
+
+    def distance_matrix(self) -> np.ndarray | None:
+        return self._distance
+
+    def round_stats(self) -> RoundStats:
+        return RoundStats()
+
+    def close(self) -> None:
+        self.pool.close()
 
 
 class Simulation:
@@ -147,15 +186,15 @@ class Simulation:
 
     Parameters
     ----------
-    strategy: any :class:`Strategy`.
-    federation: client id -> :class:`ClientData`.
-    model_path: the zoo ``.tflite`` (manifest beside it).
-    seed: seeds the strategy's generator and every client's batch order.
-    workers: processes for training and evaluation (1: in this process).
-    snr_db, distance: optional link matrices (clients in sorted id order) offered to
-        strategies that group by link quality (DSC, FedAvg-IC, HierFAVG).
-    shift: optional distribution shift applied before every round (FlexCFL).
-    cost_model: Eq. (15)-(17) parameters.
+    strategy : any :class:`Strategy`.
+    federation : client id -> :class:`ClientData`.
+    model_path : the zoo ``.tflite`` (manifest beside it).
+    seed : seeds the strategy's generator and every client's batch order.
+    workers : processes for training and evaluation (1: in this process).
+    snr_db, distance : optional link matrices (see :class:`VirtualDevices`).
+    shift : optional distribution shift applied before every round (FlexCFL).
+    cost_model : Eq. (15)-(17) parameters.
+    federated_eval_every : score clients every N rounds (1: every round).
     """
 
     def __init__(
@@ -170,151 +209,34 @@ class Simulation:
         distance: np.ndarray | None = None,
         shift: SwapShift | None = None,
         cost_model: CostModel | None = None,
+        federated_eval_every: int = 1,
     ) -> None:
         self.strategy = strategy
-        self.federation = federation
-        self.ids = sorted(federation)
-        self.seed = seed
-        self.rng = np.random.default_rng(seed)
-        self.local = Trainer(model_path, federation, threads=1 if workers > 1 else 2)
-        self.n_classes = self.local.model.manifest.n_classes
-        for cid, data in federation.items():
-            for part in (data.train, data.test):
-                if len(part):
-                    self.local.model.check_data(part.x, part.y)  # clear error if the model does not fit
-        self.workers = workers
-        self.pool: _Local | _Pool = _Pool(workers, str(model_path), federation) if workers > 1 else _Local(self.local)
-        self._snr, self._distance = snr_db, distance
-        self.shift = shift
-        self.cost_model = cost_model or CostModel()
-        self.records: list[RoundRecord] = []
-        self.seen: set[str] = set()
-        infos = [self._info(c) for c in self.ids]
-        initial = self.local.model.get_weights()
-        self.model_bytes = int(initial.nbytes)
-        strategy.setup(infos, initial, self.rng)
-        self.rnd = 0
-
-    # -- RoundContext -----------------------------------------------------------------
-    def _info(self, cid: str) -> ClientInfo:
-        d = self.federation[cid]
-        return ClientInfo(cid, len(d.train), class_counts(d.train.y, self.n_classes), len(d.test))
-
-    def clients(self) -> Sequence[ClientInfo]:
-        return [self._info(c) for c in self.ids]
-
-    def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
-        cfg = self.strategy.train
-        updates = self.pool.map("pretrain", [(weights, c, steps, cfg, self.seed) for c in client_ids])
-        return dict(zip(client_ids, updates, strict=True))
-
-    def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
-        out = np.zeros((len(client_ids), len(models)))
-        per_model = self.pool.map("evaluate", [(m, list(client_ids), "train") for m in models])
-        for j, rows in enumerate(per_model):
-            out[:, j] = [loss for loss, _, _ in rows]
-        return out
-
-    def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        return {c: class_counts(self.federation[c].train.y, self.n_classes) for c in client_ids}
-
-    def snr_matrix(self) -> np.ndarray | None:
-        return self._snr
-
-    def distance_matrix(self) -> np.ndarray | None:
-        return self._distance
-
-    # -- running ---------------------------------------------------------------------------
-    def _execute(self, plan: RoundPlan) -> list[GroupResult]:
-        chains = [g for g in plan.groups if g.mode == "chain"]
-        parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in g.members]
-        chain_out: list[ChainOutcome] = self.pool.map(
-            "chain", [(plan.models[g.start_model], list(g.members), plan.train, self.seed, plan.round) for g in chains]
+        self.devices = VirtualDevices(
+            federation, model_path, workers=workers, snr_db=snr_db, distance=distance, shift=shift, seed=seed
         )
-        member_out: list[MemberResult] = self.pool.map(
-            "parallel", [(plan.models[g.start_model], c, plan.train, self.seed, plan.round) for g, c in parallel]
+        self.driver = RoundDriver(
+            strategy, self.devices, seed=seed, cost_model=cost_model, federated_eval_every=federated_eval_every
         )
-        by_chain = {g.group_id: o for g, o in zip(chains, chain_out, strict=True)}
-        by_member = {c: o for (_, c), o in zip(parallel, member_out, strict=True)}
-        results = []
-        for g in plan.groups:
-            if g.mode == "chain":
-                o = by_chain[g.group_id]
-                results.append(GroupResult(g.group_id, o.members, o.final_weights))
-            else:
-                results.append(GroupResult(g.group_id, tuple(by_member[c] for c in g.members)))
-        return results
+        self.driver.setup(self.devices.initial_weights())
 
-    def evaluate(self) -> tuple[float, float]:
-        """Weighted test accuracy and loss, every client with the model it would use now."""
-        prepare: Callable[[Any], None] | None = getattr(self.strategy, "prepare_evaluation", None)
-        if prepare is not None:
-            prepare(self)
-        by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
-        for c in self.ids:
-            m = self.strategy.model_for(c)
-            by_model.setdefault(id(m), (m, []))[1].append(c)
-        groups = list(by_model.values())
-        rows = self.pool.map("evaluate", [(m, cs, "test") for m, cs in groups])
-        loss = correct = n = 0.0
-        for per_client in rows:
-            for c_loss, c_correct, c_n in per_client:
-                loss += c_loss * c_n
-                correct += c_correct
-                n += c_n
-        return (correct / n, loss / n) if n else (float("nan"), float("nan"))
+    @property
+    def records(self) -> list[RoundRecord]:
+        return self.driver.records
+
+    @property
+    def rnd(self) -> int:
+        return self.driver.rnd
 
     def step(self) -> RoundRecord:
-        self.rnd += 1
-        start = time.perf_counter()
-        extra: dict[str, float] = {}
-        if self.shift is not None:
-            moved = self.shift.apply(self.federation, sorted(self.seen), self.rng)
-            extra["shifted_clients"] = float(len(moved))
-            if moved and isinstance(self.pool, _Pool):  # workers hold their own copy of the data
-                self.pool.close()
-                self.pool = _Pool(self.workers, str(self.local.model.path), self.federation)
-        plan = self.strategy.plan_round(self.rnd, self)
-        results = self._execute(plan)
-        summary = self.strategy.aggregate(self.rnd, plan, results)
-        self.seen.update(plan.participants)
-        acc, loss = self.evaluate()
-        counts = np.array([self._info(c).class_counts for c in self.ids], np.float64)
-        index = {c: i for i, c in enumerate(self.ids)}
-        groups = [np.array([index[c] for c in g.members]) for g in plan.groups]
-        cpd = float(np.median(pairwise_cpd(counts, groups))) if len(groups) > 1 else 0.0
-        costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes)
-        extra.update(summary.extra)
-        record = RoundRecord(
-            self.rnd,
-            acc,
-            loss,
-            summary.train_loss,
-            summary.n_groups,
-            len(plan.participants),
-            cpd,
-            costs["bytes"],
-            costs["t_comp_s"],
-            costs["t_comm_s"],
-            time.perf_counter() - start,
-            extra,
-        )
-        self.records.append(record)
-        return record
+        return self.driver.step()
 
     def run(self, rounds: int, progress: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
+        """Run ``rounds`` more rounds, then release the worker processes."""
         try:
-            for _ in range(rounds):
-                rec = self.step()
-                if progress is not None:
-                    progress(rec)
+            return self.driver.run(self.driver.rnd + rounds, progress)
         finally:
             self.close()
-        return self.records
 
     def close(self) -> None:
-        self.pool.close()
-
-
-def records_as_dicts(records: Sequence[RoundRecord]) -> list[dict[str, Any]]:
-    return [asdict(r) for r in records]
+        self.devices.close()

@@ -1,27 +1,29 @@
 """Build and run a simulation from a :class:`SimulationConfig`; write its results.
 
-Each run writes ``<out>/<name>.json`` (settings and per-round records),
-``<out>/<name>.csv`` and ``<out>/<name>.png`` (accuracy and loss against rounds).
+Every setting is resolved before anything runs (:func:`prepare`): the strategy's own
+paper values for whatever the user did not set, checked parameters, the data set,
+the model. A run then writes ``<out>/<name>.json`` (every effective setting with its
+source, a summary, per-round records), ``<name>.csv`` and ``<name>.png`` through the
+one writer of :mod:`server.records`.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from device.errors import ConfigError
+from server.records import plot_runs, summary, write_run
+from server.rounds import RoundRecord
+from server.settings import Setting, resolve_strategy_params, resolve_training
 from server.simulation import datasets
 from server.simulation.config import SimulationConfig
-from server.simulation.engine import RoundRecord, Simulation, records_as_dicts
-from server.strategies import make_strategy, strategy_parameters
-from server.strategies.base import TrainConfig
+from server.strategies import make_strategy
+from server.strategies.base import Strategy, TrainConfig
 
 
 def build_federation(cfg: SimulationConfig) -> datasets.Federation:
@@ -35,7 +37,7 @@ def build_federation(cfg: SimulationConfig) -> datasets.Federation:
             seed=cfg.seed,
         )
     if cfg.dataset == "femnist":
-        from covey.paths import femnist_dir
+        from server.paths import femnist_dir
 
         return datasets.leaf(Path(p["data_dir"]) if p.get("data_dir") else femnist_dir())
     return datasets.mnist(
@@ -49,106 +51,127 @@ def build_federation(cfg: SimulationConfig) -> datasets.Federation:
     )
 
 
+@dataclass(frozen=True)
+class PreparedRun:
+    """A simulation with every setting resolved and checked, not yet started."""
+
+    config: SimulationConfig
+    train: TrainConfig
+    params: dict[str, object]
+    settings: dict[str, Setting]
+
+    def build_strategy(self) -> Strategy:
+        return make_strategy(self.config.strategy, train=self.train, **self.params)
+
+
+def prepare(cfg: SimulationConfig) -> PreparedRun:
+    """Resolve the strategy's training and parameters (paper values unless set) and
+    check them by building the strategy once: every mistake surfaces here, before any
+    data is generated or any file written."""
+    train, train_settings = resolve_training(cfg.strategy, cfg.given("train"))
+    given = cfg.given("strategy")
+    if cfg.clients_per_round is not None and "clients_per_round" in _accepts(cfg.strategy):
+        given.setdefault("clients_per_round", cfg.setting("clients_per_round", cfg.clients_per_round))
+    params, param_settings = resolve_strategy_params(cfg.strategy, given)
+    run = PreparedRun(cfg, train, params, {})
+    run.build_strategy()  # raises StrategyError on a bad value
+    settings: dict[str, Setting] = {
+        "strategy": cfg.setting("strategy", cfg.strategy),
+        "dataset": cfg.setting("dataset", cfg.dataset),
+        "model": cfg.setting("model", cfg.model_name),
+        "rounds": cfg.setting("rounds", cfg.rounds),
+        "seed": cfg.setting("seed", cfg.seed),
+        "workers": cfg.setting("workers", cfg.workers),
+        "shift_probability": cfg.setting("shift_probability", cfg.shift_probability),
+        "shift_mode": cfg.setting("shift_mode", cfg.shift_mode),
+        **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
+        **train_settings,
+        **param_settings,
+    }
+    return PreparedRun(cfg, train, params, settings)
+
+
+def _accepts(strategy: str) -> set[str]:
+    from server.strategies import strategy_parameters
+
+    return strategy_parameters(strategy)
+
+
 @dataclass
 class RunResult:
     name: str
     config: SimulationConfig
     records: list[RoundRecord]
     seconds: float
+    settings: dict[str, Setting]
+
+    @property
+    def summary(self) -> dict[str, object]:
+        return summary(self.records)
 
     @property
     def final_accuracy(self) -> float:
-        return self.records[-1].test_accuracy
+        return float(self.summary["final"])  # type: ignore[arg-type]
 
     @property
     def best_accuracy(self) -> float:
-        return max(r.test_accuracy for r in self.records)
+        return float(self.summary["best"])  # type: ignore[arg-type]
 
     def rounds_to(self, target: float) -> int | None:
-        for r in self.records:
-            if r.test_accuracy >= target:
-                return r.round
-        return None
+        reached = summary(self.records, target)["rounds_to_target"]
+        return None if reached is None else int(reached)
 
 
 def run_simulation(
-    cfg: SimulationConfig,
+    cfg: SimulationConfig | PreparedRun,
     *,
     model_path: Path | None = None,
     federation: datasets.Federation | None = None,
     progress: Callable[[RoundRecord], None] | None = None,
 ) -> RunResult:
-    from covey.paths import ensure_model
+    from server.paths import ensure_model
+    from server.simulation.engine import Simulation
 
-    fed = federation if federation is not None else build_federation(cfg)
+    run = cfg if isinstance(cfg, PreparedRun) else prepare(cfg)
+    c = run.config
+    fed = federation if federation is not None else build_federation(c)
     if not fed:
         raise ConfigError("the data set has no clients")
-    path = model_path or ensure_model(cfg.model_name)
-    train = TrainConfig(epochs=cfg.epochs, batch_size=cfg.batch, lr=cfg.lr)
-    params = dict(cfg.strategy_params)
-    if cfg.clients_per_round is not None and "clients_per_round" in strategy_parameters(cfg.strategy):
-        params.setdefault("clients_per_round", cfg.clients_per_round)
-    strategy = make_strategy(cfg.strategy, train=train, **params)
-    shift = datasets.SwapShift(cfg.shift_probability, cfg.shift_mode) if cfg.shift_probability > 0 else None
+    path = model_path or ensure_model(c.model_name)
+    strategy = run.build_strategy()
+    if len(fed) < strategy.min_clients():
+        raise ConfigError(f"{c.strategy} needs {strategy.min_clients()} clients but the data set has only {len(fed)}")
+    shift = datasets.SwapShift(c.shift_probability, c.shift_mode) if c.shift_probability > 0 else None
     start = time.perf_counter()
-    sim = Simulation(strategy, fed, path, seed=cfg.seed, workers=cfg.workers, shift=shift)
-    records = sim.run(cfg.rounds, progress)
-    return RunResult(cfg.strategy, cfg, records, time.perf_counter() - start)
+    sim = Simulation(strategy, fed, path, seed=c.seed, workers=c.workers, shift=shift)
+    records = sim.run(c.rounds, progress)
+    return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings)
 
 
-def write_run(result: RunResult, out_dir: Path, name: str | None = None) -> dict[str, Path]:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = name or f"{result.config.strategy}_{result.config.dataset}_seed{result.config.seed}"
-    rows = records_as_dicts(result.records)
-    json_path, csv_path, png_path = (out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "png"))
-    json_path.write_text(
-        json.dumps(
-            {"config": asdict(result.config), "seconds": result.seconds, "rounds": rows}, indent=1, default=float
-        )
-        + "\n"
-    )
-    flat = [
-        {k: v for k, v in r.items() if k != "extra"} | {f"extra_{k}": v for k, v in r["extra"].items()} for r in rows
-    ]
-    keys = sorted({k for r in flat for k in r}, key=lambda k: (k != "round", k))
-    with csv_path.open("w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=keys)
-        writer.writeheader()
-        writer.writerows(flat)
-    plot_runs({stem: [result]}, png_path, title=stem)
-    return {"json": json_path, "csv": csv_path, "png": png_path}
+def default_stem(cfg: SimulationConfig) -> str:
+    return f"{cfg.strategy}_{cfg.dataset}_seed{cfg.seed}"
 
 
-def plot_runs(runs: Mapping[str, Sequence[RunResult]], path: Path, title: str = "") -> None:
-    """Accuracy and loss against rounds; several seeds of a run show mean and spread."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label, results in runs.items():
-        n = min(len(r.records) for r in results)
-        rounds = np.arange(1, n + 1)
-        acc = np.array([[rec.test_accuracy * 100 for rec in r.records[:n]] for r in results])
-        loss = np.array([[rec.test_loss for rec in r.records[:n]] for r in results])
-        for ax, values in ((axes[0], acc), (axes[1], loss)):
-            mean = values.mean(0)
-            (line,) = ax.plot(rounds, mean, label=label)
-            if len(results) > 1:
-                ax.fill_between(rounds, values.min(0), values.max(0), alpha=0.2, color=line.get_color())
-    axes[0].set(xlabel="round", ylabel="weighted test accuracy (%)", title=title)
-    axes[1].set(xlabel="round", ylabel="weighted test loss")
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def write_result(result: RunResult, out_dir: Path, name: str | None = None, plot: bool = True) -> dict[str, Path]:
+    stem = name or default_stem(result.config)
+    return write_run(out_dir, stem, records=result.records, settings=result.settings, title=stem, plot=plot)
 
 
-def comparison_table(runs: Mapping[str, Sequence[RunResult]], target: float | None = None) -> str:
-    """Markdown: best and final accuracy (mean ± spread over seeds), rounds to target."""
+def plot_results(runs: Mapping[str, Sequence[RunResult]], path: Path, title: str = "") -> None:
+    plot_runs({label: [r.records for r in results] for label, results in runs.items()}, path, title)
+
+
+def comparison_table(
+    runs: Mapping[str, Sequence[RunResult]], target: float | None = None, reported: Mapping[str, float] | None = None
+) -> str:
+    """Markdown: best and final accuracy (mean ± spread over seeds), rounds to target,
+    and the paper's figure where a preset gives one."""
+    reported = reported or {}
     head = "| strategy | best acc. (%) | final acc. (%) | rounds to target | seconds |"
-    lines = [head, "|---|---|---|---|---|"]
+    sep = "|---|---|---|---|---|"
+    if reported:
+        head, sep = head + " paper (%) |", sep + "---|"
+    lines = [head, sep]
     for label, results in runs.items():
         best = np.array([r.best_accuracy * 100 for r in results])
         final = np.array([r.final_accuracy * 100 for r in results])
@@ -159,14 +182,8 @@ def comparison_table(runs: Mapping[str, Sequence[RunResult]], target: float | No
         def fmt(v: np.ndarray) -> str:
             return f"{v.mean():.1f} ± {v.std():.1f}" if len(v) > 1 else f"{v[0]:.1f}"
 
-        lines.append(f"| {label} | {fmt(best)} | {fmt(final)} | {reach_text} | {secs:.0f} |")
+        line = f"| {label} | {fmt(best)} | {fmt(final)} | {reach_text} | {secs:.0f} |"
+        if reported:
+            line += f" {reported[label]:.1f} |" if label in reported else " — |"
+        lines.append(line)
     return "\n".join(lines) + "\n"
-
-
-def summary_dict(result: RunResult) -> dict[str, Any]:
-    return {
-        "strategy": result.name,
-        "best": result.best_accuracy,
-        "final": result.final_accuracy,
-        "seconds": result.seconds,
-    }

@@ -23,13 +23,17 @@ randomness from one ``np.random.Generator``.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
+from device.protocol import LocalTraining
 from server.errors import StrategyError
+
+GroupMode = Literal["chain", "parallel"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,10 @@ class TrainConfig:
         if self.max_steps is not None and self.max_steps < 1:
             raise StrategyError("max_steps must be at least 1")
 
+    def to_wire(self) -> LocalTraining:
+        """The one conversion to what a device receives (simulated devices too)."""
+        return LocalTraining(self.epochs, self.batch_size, float(self.lr), float(self.mu), self.max_steps)
+
 
 @dataclass(frozen=True)
 class GroupPlan:
@@ -65,7 +73,7 @@ class GroupPlan:
 
     group_id: int
     members: tuple[str, ...]
-    mode: str  # "chain" or "parallel"
+    mode: GroupMode
     start_model: str  # key into RoundPlan.models
 
     def __post_init__(self) -> None:
@@ -123,18 +131,26 @@ class GroupResult:
 
 
 class RoundContext(Protocol):
-    """What a driver offers a strategy while it plans a round."""
+    """What a driver offers a strategy while it plans a round (or before it scores one).
 
-    rng: np.random.Generator
+    The simulator and the coordinator offer the same context through the one round
+    driver (:mod:`server.rounds`): the answers come from virtual devices or from
+    boards over MQTT, computed by the same device code (:mod:`device.training`).
+    """
 
-    def clients(self) -> Sequence[ClientInfo]: ...
+    def clients(self) -> Sequence[ClientInfo]:
+        """Every registered client, sorted by id."""
+        ...
 
     def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
-        """Each client's update ``w_after - weights`` after ``steps`` SGD steps."""
+        """Each client's update ``w_after - weights`` after ``steps`` SGD steps at the
+        strategy's batch size and learning rate. Clients that did not answer in time
+        are missing from the result."""
         ...
 
     def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
-        """Training loss of every candidate model on every client (clients x models)."""
+        """Training loss of every candidate model on every client (clients x models);
+        ``inf`` where a client did not answer."""
         ...
 
     def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
@@ -152,7 +168,7 @@ class RoundContext(Protocol):
 
 @dataclass
 class RoundSummary:
-    """What a strategy reports after aggregating (merged into the driver's metrics)."""
+    """What a strategy reports after aggregating (merged into the driver's record)."""
 
     round: int
     n_groups: int
@@ -161,19 +177,45 @@ class RoundSummary:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-class Strategy:
-    """Base class: a few hooks and shared helpers. Subclasses set ``name``."""
+class Strategy(ABC):
+    """A federated-learning method: the hooks the round driver calls, in order.
 
-    name = "strategy"
-    summary = ""
+    Per run: :meth:`setup` once (after resuming from a checkpoint it is not called
+    again), :meth:`add_client` for every device that registers later. Per round:
+    :meth:`plan_round`, the driver executes the plan, :meth:`aggregate`, then
+    :meth:`prepare_evaluation` and :meth:`model_for` for scoring. Following Flower's
+    conventions a strategy keeps its own state, never mutates the caller's config,
+    and draws all randomness from the one ``np.random.Generator`` given to
+    :meth:`setup`.
+
+    Class attributes: ``name`` (the registry key), ``summary`` (one line for
+    ``covey strategies``), ``paper_train`` (local training as the method's paper sets
+    it; it holds unless the user sets a value), ``paper_settings`` (where those
+    values come from) and ``paper_params`` (which constructor defaults are the
+    paper's own, as opposed to covey's).
+    """
+
+    name: ClassVar[str] = "strategy"
+    summary: ClassVar[str] = ""
+    paper_train: ClassVar[TrainConfig] = TrainConfig()
+    paper_settings: ClassVar[str] = ""
+    paper_params: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, train: TrainConfig | None = None) -> None:
-        self.train = train or TrainConfig()
+        self.train = train or type(self).paper_train
         self.global_weights: np.ndarray | None = None
         self.clients: dict[str, ClientInfo] = {}
 
-    # -- hooks -------------------------------------------------------------------
+    # -- hooks -------------------------------------------------------------------------
     def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
+        """Take the registered clients, the initial model and the run's generator.
+
+        Parameters
+        ----------
+        clients : every client registered before round 1, sorted by id.
+        initial_weights : the model's initial flat float32 weights.
+        rng : the run's generator (seeded from the run's seed); the only randomness.
+        """
         if not clients:
             raise StrategyError("no clients registered")
         self.clients = {c.client_id: c for c in clients}
@@ -181,24 +223,60 @@ class Strategy:
         self.rng = rng
 
     def add_client(self, client: ClientInfo) -> None:
-        """A device registered after the start (a newcomer)."""
+        """A device registered after the start (a newcomer), or registered again with
+        new counts."""
         self.clients[client.client_id] = client
 
+    @abstractmethod
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
-        raise NotImplementedError
+        """This round's work.
 
+        Parameters
+        ----------
+        rnd : the round, from 1.
+        ctx : pre-training, losses, class counts and link matrices on request.
+
+        Returns
+        -------
+        RoundPlan : the models to send and the groups (chains or parallel members).
+        """
+
+    @abstractmethod
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
-        raise NotImplementedError
+        """Fold what came back into the strategy's models.
+
+        Parameters
+        ----------
+        rnd : the round.
+        plan : the plan :meth:`plan_round` returned.
+        results : one :class:`GroupResult` per planned group, in plan order; members
+            that missed their deadline are listed as skipped.
+
+        Returns
+        -------
+        RoundSummary : groups, mean training loss and strategy-specific figures.
+        """
+
+    def prepare_evaluation(self, ctx: RoundContext) -> None:
+        """Called before clients are scored (IFCA re-assigns every client to the
+        group model with the lowest loss). The default does nothing."""
+        return None
 
     def model_for(self, client_id: str) -> np.ndarray:
-        """The model ``client_id`` would use now (the global one unless overridden)."""
+        """The model ``client_id`` would use now: the method's output for that client
+        (the global model unless a strategy keeps group models)."""
         assert self.global_weights is not None
         return self.global_weights
 
     def group_of(self, client_id: str) -> int | None:
+        """The client's group, if the method keeps one."""
         return None
 
-    # -- helpers -----------------------------------------------------------------
+    def min_clients(self) -> int:
+        """Registered clients the method needs before round 1."""
+        return 1
+
+    # -- helpers -----------------------------------------------------------------------
     def sample_clients(self, n: int) -> list[str]:
         ids = sorted(self.clients)
         if n > len(ids):

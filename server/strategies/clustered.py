@@ -11,7 +11,6 @@ from server.strategies.base import (
     ClientInfo,
     GroupPlan,
     GroupResult,
-    RoundContext,
     RoundPlan,
     Strategy,
     TrainConfig,
@@ -41,6 +40,9 @@ class GroupModelStrategy(Strategy):
         if self.distinct_starts:
             assert self.global_weights is not None
             self.group_models = perturbed_copies(self.global_weights, self.n_groups, rng)
+
+    def min_clients(self) -> int:
+        return self.sampler.k
 
     def model_for(self, client_id: str) -> np.ndarray:
         g = self.assignment.get(client_id)
@@ -85,9 +87,6 @@ class GroupModelStrategy(Strategy):
         """The global model is the plain mean of the group models (FedGroup Alg. 2 l. 11)."""
         if self.group_models:
             self.global_weights = weighted_average(self.group_models)
-
-    def prepare_evaluation(self, ctx: RoundContext) -> None:
-        """Hook: refresh assignments before clients are scored (IFCA uses it)."""
 
 
 def perturbed_copies(weights: np.ndarray, n: int, rng: np.random.Generator, scale: float = 0.01) -> list[np.ndarray]:

@@ -61,6 +61,9 @@ class FedAvg(Strategy):
         super().__init__(train)
         self.sampler = ClientSampler(clients_per_round, warmup)
 
+    def min_clients(self) -> int:
+        return self.sampler.k
+
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         assert self.global_weights is not None
         chosen = self.sampler.select(rnd, list(self.clients), self.rng)
@@ -86,7 +89,7 @@ class FedProx(FedAvg):
     def __init__(
         self, clients_per_round: int = 10, train: TrainConfig | None = None, mu: float = 0.01, warmup: str = "none"
     ) -> None:
-        base = train or TrainConfig()
+        base = train or type(self).paper_train
         super().__init__(
             clients_per_round, TrainConfig(base.epochs, base.batch_size, base.lr, mu, base.max_steps), warmup
         )

@@ -56,6 +56,9 @@ class FedAvgIC(GroupModelStrategy):
         self.alpha_iid, self.alpha_comm = alpha_iid, alpha_comm
         self._first_updates: dict[str, np.ndarray] = {}
 
+    def min_clients(self) -> int:
+        return 1 if self.all_clients else self.sampler.k
+
     def _train_config(self) -> TrainConfig:
         t = self.train
         return TrainConfig(t.epochs, t.batch_size, t.lr, t.mu, self.schedule.tau1)

@@ -42,6 +42,9 @@ from server.strategies.clustered import GroupModelStrategy
 class FedGroup(GroupModelStrategy):
     summary = "FedGroup: EDC cold start, per-group FedAvg, newcomer assignment (Duan et al. 2021)"
     name = "fedgroup"
+    paper_train = TrainConfig(epochs=20, batch_size=10, lr=0.01)
+    paper_settings = "FedGroup (Duan et al. 2021) Sec. V: E = 20, B = 10, K = 20, α = 20, η 0.01 (Synthetic)"
+    paper_params = frozenset({"clients_per_round", "alpha", "pretrain_steps", "eta_g"})
 
     def __init__(
         self,
@@ -54,7 +57,7 @@ class FedGroup(GroupModelStrategy):
         eta_g: float = 0.0,
         warmup: str = "round_robin",
     ) -> None:
-        super().__init__(n_groups, clients_per_round, train or TrainConfig(epochs=10, batch_size=10, lr=0.01), warmup)
+        super().__init__(n_groups, clients_per_round, train, warmup)
         if measure not in MEASURES:
             raise StrategyError(f"unknown measure {measure!r}; choose one of {', '.join(MEASURES)}")
         if alpha < 1 or pretrain_steps < 1:
@@ -68,6 +71,9 @@ class FedGroup(GroupModelStrategy):
     def setup(self, clients: Sequence[ClientInfo], initial_weights: np.ndarray, rng: np.random.Generator) -> None:
         super().setup(clients, initial_weights, rng)
         self.initial_weights = self.global_weights.copy() if self.global_weights is not None else None
+
+    def min_clients(self) -> int:
+        return max(self.sampler.k, self.n_groups)
 
     # -- cold starts ---------------------------------------------------------------
     def _group_cold_start(self, ctx: RoundContext) -> None:
@@ -133,13 +139,15 @@ class FedGrouProx(FedGroup):
     name = "fedgrouprox"
 
     def __init__(self, mu: float = 0.01, train: TrainConfig | None = None, **kwargs: Any) -> None:
-        base = train or TrainConfig(epochs=10, batch_size=10, lr=0.01)
+        base = train or type(self).paper_train
         super().__init__(train=TrainConfig(base.epochs, base.batch_size, base.lr, mu, base.max_steps), **kwargs)
 
 
 class FlexCFL(FedGroup):
     summary = "FlexCFL: FedGroup plus migration on label shift (Duan et al. 2022)"
     name = "flexcfl"
+    paper_train = TrainConfig(epochs=10, batch_size=10, lr=0.01)
+    paper_settings = "FlexCFL (Duan et al. 2022) Sec. 5: E = 10, B = 10, K = 20, α = 20, η 0.01 (Synthetic)"
 
     def __init__(self, migrate: bool = True, shift_fraction: float = 0.2, **kwargs: Any) -> None:
         super().__init__(**kwargs)

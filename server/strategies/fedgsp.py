@@ -36,6 +36,9 @@ from server.strategies.base import (
 class FedGSP(Strategy):
     summary = "FedGSP: ICG groups growing by f(r), sequential chains, κ sampling (Zeng et al. 2022)"
     name = "fedgsp"
+    paper_train = TrainConfig(epochs=1, batch_size=5, lr=0.01)
+    paper_settings = "FedGSP (Zeng et al. 2022) Sec. 5: batch 5, 1 local epoch, η = 0.01, κ = 0.3, LOG, α = 2, β = 10"
+    paper_params = frozenset({"growth", "alpha", "beta", "kappa"})
 
     def __init__(
         self,
@@ -49,7 +52,7 @@ class FedGSP(Strategy):
         weighted: bool = True,
         icg_iterations: int = 10,
     ) -> None:
-        super().__init__(train or TrainConfig(epochs=1, batch_size=5, lr=0.01))
+        super().__init__(train)
         if grouping not in ("icg", "random"):
             raise StrategyError(f"grouping must be 'icg' or 'random', got {grouping!r}")
         self.schedule = STPSchedule(growth, alpha, beta, kappa)

@@ -1,7 +1,9 @@
-"""Requests naming shared models are checked before the agent acts on them."""
+"""Requests are checked in full before the agent acts on them; no message stops it."""
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -9,8 +11,15 @@ import pytest
 
 from device.agent import Agent, AgentConfig
 from device.data import Dataset
-from device.errors import ProtocolError
-from device.protocol import SERVER_ID, Message
+from device.mqtt import Incoming
+from device.protocol import (
+    SERVER_ID,
+    LocalTraining,
+    ManagerHop,
+    Message,
+    Topics,
+    TrainRequest,
+)
 
 
 @pytest.fixture
@@ -21,17 +30,60 @@ def agent(tmp_path: Path) -> Agent:
     a.worker.close()
 
 
+def _train_request(**changes: object) -> bytes:
+    body = TrainRequest("t1", 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 5, 0.01), seed=0)
+    raw = json.loads(Message.of(body, run="run1", sender=SERVER_ID, round=1).encode())
+    raw["body"].update(changes)
+    return json.dumps(raw).encode()
+
+
 @pytest.mark.parametrize(
-    ("shared", "message"),
+    ("changes", "message"),
     [
-        ("r1-g0-abc", "must be a list"),
-        ([3], "must be a list"),
-        (["r1/../x"], "model key"),
-        ([f"k{i}" for i in range(65)], "must be a list"),
+        ({"shared": "r1-g0-abc"}, "train.body.shared must be a list"),
+        ({"shared": [3]}, r"train.body.shared\[0\] must be a string"),
+        ({"shared": ["r1/../x"]}, "model key"),
+        ({"shared": [f"k{i}" for i in range(65)]}, "at most 64"),
+        ({"group": None}, "train.body.group must be an integer, got None"),
+        ({"train": {"epochs": 0, "batch": 5, "lr": 0.01}}, "train.body.train.epochs must be at least 1"),
+        ({"next": {"to": "moon"}}, "train.body.next.to must be one of"),
+        ({"seed": True}, "train.body.seed must be an integer"),
     ],
 )
-def test_bad_shared_keys_are_refused_before_anything_changes(agent: Agent, shared: object, message: str) -> None:
-    request = Message("train", "run1", SERVER_ID, 1, {"task_id": "t1", "shared": shared})
-    with pytest.raises(ProtocolError, match=message):
-        agent._on_request(request)
+def test_bad_requests_are_refused_before_anything_changes(agent: Agent, changes: dict, message: str, caplog) -> None:
+    # Prepare
+    item = Incoming(Topics("run1").inbox("dev001"), _train_request(**changes), False)
+
+    # Execute
+    agent.handle(item)
+
+    # Assert: dropped with the reason, counted, nothing waits and nothing was subscribed
+    assert agent.stats.dropped == {"ProtocolError": 1}
     assert agent._waiting == {} and agent._shared_subscribed == set()
+    assert any(re.search(message, r.getMessage()) for r in caplog.records), caplog.text
+
+
+def test_a_good_request_waits_for_its_model_and_a_duplicate_is_dropped(agent: Agent) -> None:
+    item = Incoming(Topics("run1").inbox("dev001"), _train_request(), False)
+    agent.handle(item)
+    agent.handle(item)  # QoS 1 redelivery
+    assert list(agent._waiting) == ["t1"]
+    assert agent.stats.dropped == {"duplicate request": 1}
+
+
+@pytest.mark.parametrize(
+    ("topic", "payload"),
+    [
+        ("covey/run1/device/dev001/inbox", b"\xff\xfe not json"),
+        ("covey/run1/device/dev001/frames", b"CVY2" + b"\xff" * 20),
+        ("covey/run1/device/dev001/frames/from/dev000", b"garbage"),
+        ("covey/run1/artifact/manifest", b'{"model": 3}'),
+        ("covey/run1/artifact/chunk/0", b"nope"),
+        ("covey/run1/server/status", b"[1, 2]"),
+        ("covey/run1/somewhere/else", b"x"),
+    ],
+)
+def test_garbage_on_any_topic_is_dropped_and_the_agent_goes_on(agent: Agent, topic: str, payload: bytes) -> None:
+    agent.handle(Incoming(topic, payload, False))
+    assert sum(agent.stats.dropped.values()) == 1
+    assert agent.running

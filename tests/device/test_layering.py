@@ -1,4 +1,5 @@
-"""device/ stands alone: no TensorFlow, no server/ or models/ imports."""
+"""The layers: device/ stands alone (no TensorFlow, no server/ or models/ imports), and
+server/ never imports covey/ (the command line sits on top of everything)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,30 @@ import subprocess
 import sys
 from pathlib import Path
 
-DEVICE = Path(__file__).resolve().parents[2] / "device"
+REPO = Path(__file__).resolve().parents[2]
+DEVICE = REPO / "device"
 FORBIDDEN = {"tensorflow", "keras", "server", "models", "covey", "tf_keras"}
 
 
-def test_no_module_under_device_imports_tensorflow_server_or_models() -> None:
+def _imports_under(folder: Path, forbidden: set[str]) -> list[str]:
     offenders = []
-    for path in DEVICE.rglob("*.py"):
+    for path in folder.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             names = []
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] in FORBIDDEN]
-    assert offenders == []
+            offenders += [f"{path.relative_to(REPO)}: {n}" for n in names if n.split(".")[0] in forbidden]
+    return offenders
+
+
+def test_no_module_under_device_imports_tensorflow_server_or_models() -> None:
+    assert _imports_under(DEVICE, FORBIDDEN) == []
+
+
+def test_no_module_under_server_imports_covey() -> None:
+    assert _imports_under(REPO / "server", {"covey"}) == []
 
 
 def test_importing_the_device_runtime_loads_no_tensorflow() -> None:

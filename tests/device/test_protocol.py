@@ -12,7 +12,10 @@ import pytest
 from device.errors import ProtocolError
 from device.protocol import (
     MAGIC,
+    FrameExtra,
     Message,
+    Ping,
+    ProtocolVersionError,
     Reassembler,
     Topics,
     check_weights,
@@ -23,14 +26,32 @@ from device.protocol import (
 
 
 def _frames(array: np.ndarray, max_chunk: int = 1000, sender: str = "dev001") -> list[bytes]:
-    return list(encode_frames(array, kind="model", run="r1", round=3, group=2, sender=sender, max_chunk=max_chunk))
+    return list(
+        encode_frames(
+            array,
+            kind="model",
+            run="r1",
+            round=3,
+            group=2,
+            sender=sender,
+            max_chunk=max_chunk,
+            extra=FrameExtra("t1"),
+        )
+    )
 
 
-def test_topics_are_rooted_per_run_and_check_ids() -> None:
+def test_topics_are_rooted_per_run_name_the_sender_and_check_ids() -> None:
     t = Topics("r1")
     assert t.inbox("dev001") == "covey/r1/device/dev001/inbox"
-    assert t.group_frames(4) == "covey/r1/group/4/frames"
     assert t.artifact_chunk(0) == "covey/r1/artifact/chunk/0"
+    # everything a device publishes carries its id; the receiver reads it back from the topic
+    assert t.results("dev001") == "covey/r1/from/dev001/results"
+    assert t.device_of("covey/r1/from/dev001/frames") == ("dev001", "frames")
+    assert t.device_of("covey/r1/from/dev001/../frames") is None
+    assert t.device_of("covey/r2/from/dev001/frames") is None
+    assert t.handoff("dev002", "dev001") == "covey/r1/device/dev002/frames/from/dev001"
+    assert t.handoff_sender("covey/r1/device/dev002/frames/from/dev001", "dev002") == "dev001"
+    assert t.handoff_sender("covey/r1/device/dev003/frames/from/dev001", "dev002") is None
     with pytest.raises(ProtocolError, match="run id"):
         Topics("a/b")
     with pytest.raises(ProtocolError, match="device id"):
@@ -38,17 +59,21 @@ def test_topics_are_rooted_per_run_and_check_ids() -> None:
 
 
 def test_messages_round_trip_and_bad_ones_are_named() -> None:
-    msg = Message("train", "r1", "server", 4, {"task_id": "x", "lr": 0.01})
+    msg = Message.of(Ping(12.5), run="r1", sender="server", round=4)
     back = decode_message(msg.encode())
-    assert (back.type, back.round, back.body) == ("train", 4, {"task_id": "x", "lr": 0.01})
+    assert (back.type, back.round, back.body) == ("ping", 4, Ping(12.5))
+    raw = json.loads(msg.encode())
     with pytest.raises(ProtocolError, match="not UTF-8 JSON"):
         decode_message(b"{nope")
-    with pytest.raises(ProtocolError, match="version"):
-        decode_message(json.dumps({**json.loads(msg.encode()), "v": 9}).encode())
+    with pytest.raises(ProtocolVersionError, match="version") as info:
+        decode_message(json.dumps({**raw, "v": 1}).encode())
+    assert info.value.version == 1
     with pytest.raises(ProtocolError, match="unknown message type"):
-        decode_message(json.dumps({**json.loads(msg.encode()), "type": "hack"}).encode())
-    with pytest.raises(ProtocolError, match="'round'"):
-        decode_message(json.dumps({**json.loads(msg.encode()), "round": "3"}).encode())
+        decode_message(json.dumps({**raw, "type": "hack"}).encode())
+    with pytest.raises(ProtocolError, match=r"message\.round must be an integer"):
+        decode_message(json.dumps({**raw, "round": "3"}).encode())
+    with pytest.raises(ProtocolError, match=r"ping\.body\.t is missing"):
+        decode_message(json.dumps({**raw, "body": {}}).encode())
     with pytest.raises(ProtocolError, match="binary frame"):
         decode_message(_frames(np.zeros(4, np.float32))[0])
 
@@ -108,8 +133,16 @@ def test_bad_frames_are_refused_with_the_reason() -> None:
         parse_frame(b"XXXX" + frame[4:])
     with pytest.raises(ProtocolError, match="truncated"):
         parse_frame(frame[:20])
-    with pytest.raises(ProtocolError, match="truncated"):
+    with pytest.raises(ProtocolError, match="truncated or padded"):
         Reassembler().add(frame[:-10])
+    with pytest.raises(ProtocolError, match="truncated or padded"):
+        Reassembler().add(frame + b"\0" * 100_000)
+    with pytest.raises(ProtocolError, match="group must be an integer"):
+        parse_frame(_rebuild(frame, group=None))
+    with pytest.raises(ProtocolError, match="codec must be one of"):
+        parse_frame(_rebuild(frame, codec="zstd"))
+    with pytest.raises(ProtocolError, match=r"needs extra\.task_id"):
+        parse_frame(_rebuild(frame, kind="update", extra={}))
     with pytest.raises(ProtocolError, match="exceeds"):
         parse_frame(frame, max_frame=100)
     with pytest.raises(ProtocolError, match="sha256"):
@@ -118,7 +151,7 @@ def test_bad_frames_are_refused_with_the_reason() -> None:
         parse_frame(_rebuild(frame, dtype="float64"))
     with pytest.raises(ProtocolError, match="does not hold"):
         parse_frame(_rebuild(frame, shape=[99]))
-    with pytest.raises(ProtocolError, match="kind"):
+    with pytest.raises(ProtocolError, match="kind must be one of"):
         parse_frame(_rebuild(frame, kind="pickle"))
     with pytest.raises(ProtocolError, match="exceeds"):
         Reassembler(max_bytes=100).add(frame)
@@ -143,3 +176,28 @@ def test_weights_with_the_wrong_length_dtype_or_nan_are_refused() -> None:
     with pytest.raises(ProtocolError, match="float32"):
         check_weights(raw, 10)
     assert hashlib.sha256(np.zeros(10, np.float32).tobytes()).hexdigest() == good.header.sha256
+
+
+def test_a_frame_whose_header_names_another_sender_than_its_topic_is_refused() -> None:
+    (frame,) = _frames(np.zeros(10, np.float32), sender="dev001")
+    with pytest.raises(ProtocolError, match="claims sender 'dev001' but came from 'dev002'"):
+        Reassembler().add(frame, sender="dev002")
+    assert Reassembler().add(frame, sender="dev001") is not None
+
+
+def test_partials_never_hold_more_than_they_announce_and_expire(monkeypatch) -> None:
+    # the attack: partial frames announcing 4 bytes but carrying 100 KB each
+    small = _frames(np.zeros(1, np.float32))[0]
+    r = Reassembler(max_pending_bytes=10_000, max_age_s=30.0)
+    for _ in range(100):
+        with pytest.raises(ProtocolError, match="truncated or padded"):
+            r.add(small + b"\0" * 100_000)
+    assert r.held_bytes == 0
+    # chunks of an unfinished payload go away after max_age_s without a chunk
+    chunks = _frames(np.zeros(2_000, np.float32), max_chunk=1_000)
+    clock = [1000.0]
+    monkeypatch.setattr("device.protocol.frames.time.monotonic", lambda: clock[0])
+    assert r.add(chunks[0]) is None and r.held_bytes == 1_000
+    clock[0] += 31.0
+    assert r.add(_frames(np.ones(3, np.float32))[0]) is not None  # any later frame expires the old partial
+    assert r.expired == 1 and r.held_bytes == 0

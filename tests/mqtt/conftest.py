@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,25 +52,37 @@ class Observer:
 
     def check(self, topic: str, payload: bytes) -> None:
         rest = topic[len(self.topics.root) + 1 :]
+        sender = self.topics.device_of(topic)
         try:
-            if rest.endswith("/frames") or rest.startswith("artifact/chunk/"):
-                parse_frame(payload)
+            if rest.endswith("/frames") or "/frames/from/" in rest or rest.startswith("artifact/chunk/"):
+                header, _ = parse_frame(payload)
+                if sender is not None:
+                    assert header.sender == sender[0], f"frame from {header.sender} on {sender[0]}'s topic"
             elif rest.startswith("shared/") and "/chunk/" in rest:
                 if payload:  # an empty retained message clears a shared model
                     parse_frame(payload)
-            elif rest.endswith("/status"):
+            elif rest.endswith("/status") and sender is not None:
                 assert payload in (b"online", b"offline"), payload
-            elif rest == "artifact/manifest" or rest.endswith("/assignment"):
+            elif rest == "artifact/manifest":
                 json.loads(payload)
-            elif rest.endswith("/inbox") or rest in ("server/register", "server/results"):
-                decode_message(payload)
+            elif rest.endswith(("/inbox", "/assignment", "/register", "/results")) or rest == "server/status":
+                msg = decode_message(payload)
+                if sender is not None:
+                    assert msg.sender == sender[0], f"message from {msg.sender} on {sender[0]}'s topic"
             else:
                 raise AssertionError(f"topic outside the protocol: {topic}")
         except Exception as exc:
             self.problems.append(f"{topic}: {exc}")
 
     def messages(self, suffix: str) -> list:  # type: ignore[type-arg]
-        return [decode_message(p) for t, p in self.seen if t.endswith(suffix)]
+        return [decode_message(p) for t, p in self.seen if t.endswith(suffix) and p]
+
+    def wait_for(self, condition, timeout: float) -> None:  # type: ignore[no-untyped-def]
+        """Until ``condition(seen)`` holds (a timeout fails the test)."""
+        deadline = time.monotonic() + timeout
+        while not condition(list(self.seen)):
+            assert time.monotonic() < deadline, f"the observer did not see it within {timeout} s"
+            time.sleep(0.05)
 
     def stop(self) -> None:
         self._stop.set()

@@ -3,14 +3,12 @@ devices evaluate the model on their own test sets."""
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from device.data import class_counts, read_leaf
 from device.mqtt import MqttLink
-from device.protocol import Message, Topics
+from device.protocol import Message, Register, Topics
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
@@ -26,15 +24,8 @@ def _register_ghost(broker, run: str, n_classes: int = 62) -> MqttLink:  # type:
     link = MqttLink("ghost", broker.host, broker.port, clean_session=True)
     link.connect(10)
     counts = class_counts(next(iter(read_leaf(femnist_root() / "train").values())).y, n_classes)
-    body = {
-        "n_samples": int(counts.sum()),
-        "n_test": 0,
-        "class_counts": counts.tolist(),
-        "runtime": "ai_edge_litert",
-        "memory_mb": 100,
-        "direct": True,
-    }
-    link.publish(Topics(run).register, Message("register", run, "ghost", 0, body).encode(), wait=5)
+    body = Register(int(counts.sum()), 0, tuple(int(c) for c in counts), "ai_edge_litert", 100)
+    link.publish(Topics(run).register("ghost"), Message.of(body, run=run, sender="ghost").encode(), wait=5)
     return link
 
 
@@ -66,7 +57,7 @@ def test_a_silent_device_is_skipped_and_the_chain_goes_on(
         start = strategy.global_weights.copy()
         plan = RoundPlan(1, (GroupPlan(0, tuple(members), "chain", "global"),), {"global": start}, TRAIN)
         coord.round = 1
-        (result,) = coord._execute(plan)
+        (result,) = coord.execute(plan, seed=0)
         coord.stop_devices()
         ghost.close()
         coord.close()
@@ -106,9 +97,8 @@ def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, fe
         second.wait_for_devices(4, 60)
         metrics = second.step()
         second.stop_devices()
-        time.sleep(0.3)
         second.close()
 
     assert metrics.round == 3 and metrics.trained == 4
-    assert [m.round for m in second.metrics] == [1, 2, 3]
-    assert 0 < metrics.extra["federated_accuracy"] <= 1
+    assert [m.round for m in second.records] == [1, 2, 3]
+    assert 0 < metrics.federated_accuracy <= 1

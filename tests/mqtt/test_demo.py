@@ -7,6 +7,9 @@ import json
 import pytest
 
 from covey.cli import main
+from server.strategies.fedgsp import FedGSP
+
+FEDGSP_PAPER = FedGSP.paper_settings
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 
@@ -17,11 +20,14 @@ def test_demo_runs_fedgsp_over_an_embedded_broker(tmp_path, capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0
     assert "embedded MQTT broker (amqtt)" in out and "server-side test accuracy" in out
-    metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert [m["round"] for m in metrics] == [1, 2, 3]
-    assert all(m["trained"] == 4 and m["skipped"] == 0 for m in metrics)
-    assert metrics[-1]["test_accuracy"] > metrics[0]["test_accuracy"]
-    assert (tmp_path / "accuracy.png").stat().st_size > 10_000
+    result = json.loads((tmp_path / "results.json").read_text())
+    rounds = result["rounds"]
+    assert [m["round"] for m in rounds] == [1, 2, 3]
+    assert all(m["trained"] == 4 and m["skipped"] == 0 for m in rounds)
+    assert rounds[-1]["server_accuracy"] > rounds[0]["server_accuracy"]
+    # FedGSP's own training reached the devices, and the file says where it came from
+    assert result["settings"]["train.batch"] == {"value": 5, "source": "paper", "detail": FEDGSP_PAPER}
+    assert (tmp_path / "results.png").stat().st_size > 10_000
 
 
 def test_demo_with_an_unreachable_broker_says_so(tmp_path, capsys) -> None:

@@ -51,12 +51,11 @@ def test_method_runs_over_mqtt(broker, femnist_eval, tmp_path, name: str, params
         coord.setup_strategy()
         metrics = [coord.step() for _ in range(3)]
         coord.stop_devices()
-        time.sleep(0.3)
         coord.close()
 
     assert all(m.trained == m.participants > 0 and not m.dropped for m in metrics)
-    assert metrics[-1].test_loss < metrics[0].test_loss  # learning (accuracy wobbles in 3 rounds of 6 writers)
-    assert metrics[-1].test_accuracy > 2 / 62
+    assert metrics[-1].server_loss < metrics[0].server_loss  # learning (accuracy wobbles in 3 rounds of 6 writers)
+    assert metrics[-1].server_accuracy > 2 / 62
     if name == "fedavg_ic":
         assert coord.distance_matrix() is not None  # grouped with measured RTTs
         assert len(coord.strategy.group_models) == 2
@@ -109,7 +108,6 @@ def test_flexcfl_over_mqtt_with_a_newcomer_and_a_migration(broker, femnist_eval,
                 strategy.sampler.k = 6
                 metrics = coord.step()
                 coord.stop_devices()
-                time.sleep(0.3)
         coord.close()
 
     assert "dev005" in strategy.assignment  # the newcomer joined a group (FedGroup Eq. 9)

@@ -55,22 +55,20 @@ def test_parallel_round_sends_the_start_model_once_and_clears_it(broker, femnist
         coord.wait_for_devices(n, 120)
         coord.setup_strategy()
         metrics = [coord.step() for _ in range(2)]
-        fed_acc, _ = coord.federated_evaluate()  # also shared: one model for every device
+        fed_acc, _ = coord.driver.federated_evaluation()  # also shared: one model for every device
         # clearing is asynchronous (QoS 1 publishes): poll until the broker holds none
         deadline = time.monotonic() + 15
         while (left_on_broker := _retained_under(broker, f"{topics.root}/shared/")) and time.monotonic() < deadline:
             pass
         coord.stop_devices()
-        time.sleep(0.3)
         coord.close()
-    time.sleep(0.3)
 
     # Verify
     assert all(m.trained == n and not m.dropped for m in metrics)
     assert metrics[-1].train_loss < metrics[0].train_loss  # the devices trained from the shared model
     assert 0.0 < fed_acc <= 1.0
     shared_frames = [parse_frame(p)[0] for t, p in observer.seen if t.startswith(f"{topics.root}/shared/") and p]
-    keys = {h.extra["shared"] for h in shared_frames}
+    keys = {h.extra.shared for h in shared_frames}
     assert len(keys) == 3  # one per round and one for the federated evaluation
     chunks_per_model = len({(h.msg_id, h.chunk) for h in shared_frames}) // len(keys)
     # the observer sees each chunk once: published once, not once per device

@@ -33,9 +33,11 @@ def test_strategy_state_round_trips_and_training_continues_identically(zoo_model
     b = Simulation(
         make_strategy(name, train=TRAIN, **params), synthetic(1, 1, 20, seed=2), zoo_model("mclr_synthetic"), seed=3
     )
-    b.strategy, b.rnd, b.seen = restored["strategy"], 2, set(a.seen)
+    b.strategy = b.driver.strategy = restored["strategy"]
+    b.driver.resume(2, [], a.driver.model_bytes)
+    b.devices.seen = set(a.devices.seen)
     ra, rb = a.step(), b.step()
-    assert ra.test_accuracy == rb.test_accuracy
+    assert ra.federated_accuracy == rb.federated_accuracy
     np.testing.assert_array_equal(a.strategy.global_weights, b.strategy.global_weights)
 
 

@@ -65,7 +65,7 @@ def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:
     assert code == 0
     result = json.loads((tmp_path / "fedgsp_synthetic_seed0.json").read_text())
     assert len(result["rounds"]) == 3
-    assert {"test_accuracy", "median_cpd", "bytes", "t_comp_s", "t_comm_s"} <= set(result["rounds"][0])
+    assert {"federated_accuracy", "median_cpd", "bytes", "t_comp_s", "t_comm_s"} <= set(result["rounds"][0])
     assert (tmp_path / "fedgsp_synthetic_seed0.png").stat().st_size > 10_000
     assert (tmp_path / "fedgsp_synthetic_seed0.csv").read_text().startswith("round,")
     assert "best accuracy" in capsys.readouterr().out

@@ -52,8 +52,8 @@ def test_strategy_trains_and_improves_accuracy(model, name: str) -> None:
 
     # Assert
     assert [r.round for r in records] == list(range(1, 9))
-    assert records[-1].test_accuracy > records[0].test_accuracy
-    assert max(r.test_accuracy for r in records) > 0.3  # chance is 0.1
+    assert records[-1].federated_accuracy > records[0].federated_accuracy
+    assert max(r.federated_accuracy for r in records) > 0.3  # chance is 0.1
     assert all(np.isfinite(r.train_loss) for r in records)
     assert all(r.bytes > 0 and r.t_comp_s > 0 and r.t_comm_s > 0 for r in records)
 
@@ -64,7 +64,7 @@ def test_fedgsp_chains_train_each_sampled_client_once_in_growing_groups(model) -
     sim = Simulation(strategy, fed, model, seed=0)
     sizes = []
     for _ in range(3):
-        plan = strategy.plan_round(sim.rnd + 1, sim)
+        plan = strategy.plan_round(sim.rnd + 1, sim.driver.context)
         assert all(g.mode == "chain" for g in plan.groups)
         assert len(plan.participants) == len(set(plan.participants)) == 30  # κ = 1: everyone once
         sizes.append(len(plan.groups))
@@ -96,7 +96,7 @@ def test_simulation_is_deterministic_and_independent_of_workers(model) -> None:
     def run(workers: int) -> list[float]:
         fed = synthetic(1, 1, 20, seed=5)
         strategy = make_strategy("fedgsp", train=TRAIN, beta=2, kappa=1.0)
-        return [r.test_accuracy for r in Simulation(strategy, fed, model, seed=7, workers=workers).run(3)]
+        return [r.federated_accuracy for r in Simulation(strategy, fed, model, seed=7, workers=workers).run(3)]
 
     assert run(1) == run(1)
     assert run(1) == run(2)

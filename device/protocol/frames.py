@@ -1,0 +1,319 @@
+"""Binary model frames: a checked JSON header and raw little-endian tensor bytes.
+
+``b"CVY2" | uint32 LE header length | header (UTF-8 JSON) | payload chunk``
+
+The header (:class:`FrameHeader`) names the kind, run, round, group (``-1`` for
+none), sender, message id, chunk index and count, the chunk size, dtype, shape, byte
+count, the codec of the payload and the sha256 of the *whole* payload. Payloads above
+``max_chunk`` bytes travel as several frames (EMQX's default packet limit is 1 MB)
+and are checked against the sha256 once reassembled. Nothing here is ever unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import struct
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+import numpy as np
+
+from device.errors import ProtocolError
+from device.protocol.typed import AtLeast, Identifier, MaxLen, from_body, to_body
+
+log = logging.getLogger("covey.protocol")
+
+MAGIC = b"CVY2"
+DEFAULT_MAX_CHUNK = 900_000  # bytes of payload per frame: under a 1 MB broker packet limit
+MAX_HEADER = 4096
+FrameKind = Literal["model", "update", "artifact", "handoff", "result"]
+FRAME_KINDS: tuple[str, ...] = ("model", "update", "artifact", "handoff", "result")
+Dtype = Literal["float32", "uint8"]
+DTYPES = {"float32": np.float32, "uint8": np.uint8}
+Codec = Literal["raw"]  # the payload is the array's raw little-endian bytes
+
+
+@dataclass(frozen=True)
+class FrameExtra:
+    """What a frame is for, by kind.
+
+    ``model`` (server to device): ``task_id`` and ``index`` (the i-th model of an
+    evaluate request), or ``shared`` (the key of a shared model). ``handoff`` (device
+    to its successor): ``task_id`` of the *successor's* task and ``position`` of the
+    sender in the chain. ``result`` (device to its group manager): the sender's own
+    ``task_id`` and ``position``. ``update`` (pre-training reply): ``task_id``.
+    ``artifact``: nothing."""
+
+    task_id: Annotated[str, Identifier("task id")] | None = None
+    index: Annotated[int, AtLeast(0)] = 0
+    position: Annotated[int, AtLeast(0)] | None = None
+    shared: Annotated[str, Identifier("model key")] | None = None
+
+
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "handoff": ("task_id", "position"),
+    "result": ("task_id", "position"),
+    "update": ("task_id",),
+}
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    """The header of one frame (every field required)."""
+
+    kind: FrameKind
+    run: Annotated[str, Identifier("run id")]
+    round: Annotated[int, AtLeast(0)]
+    group: Annotated[int, AtLeast(-1)]
+    sender: Annotated[str, Identifier("sender")]
+    msg_id: Annotated[str, Identifier("message id")]
+    chunk: Annotated[int, AtLeast(0)]
+    n_chunks: Annotated[int, AtLeast(1)]
+    chunk_size: Annotated[int, AtLeast(1)]
+    dtype: Dtype
+    shape: Annotated[tuple[Annotated[int, AtLeast(0)], ...], MaxLen(8)]
+    nbytes: Annotated[int, AtLeast(0)]
+    sha256: str
+    codec: Codec = "raw"
+    extra: FrameExtra = field(default_factory=FrameExtra)
+
+    def __post_init__(self) -> None:
+        if self.n_chunks > 100_000 or self.chunk >= self.n_chunks:
+            raise ValueError(f"chunk {self.chunk} of {self.n_chunks} is out of range")
+        if self.n_chunks != max(1, math.ceil(self.nbytes / self.chunk_size)):
+            raise ValueError(f"{self.n_chunks} chunks of {self.chunk_size} bytes cannot carry {self.nbytes} bytes")
+        if math.prod(self.shape) * np.dtype(DTYPES[self.dtype]).itemsize != self.nbytes:
+            raise ValueError(f"shape {list(self.shape)} of {self.dtype} does not hold {self.nbytes} bytes")
+        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
+            raise ValueError("sha256 must be 64 lowercase hex digits")
+        missing = [k for k in _NEEDS.get(self.kind, ()) if getattr(self.extra, k) is None]
+        if self.kind == "model" and self.extra.task_id is None and self.extra.shared is None:
+            missing.append("task_id or shared")
+        if missing:
+            raise ValueError(f"a {self.kind} frame needs extra.{' and extra.'.join(missing)}")
+
+    def chunk_length(self, index: int) -> int:
+        """Payload bytes chunk ``index`` must carry."""
+        if index < self.n_chunks - 1:
+            return self.chunk_size
+        return self.nbytes - self.chunk_size * (self.n_chunks - 1)
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A reassembled, checked model payload."""
+
+    header: FrameHeader
+    array: np.ndarray
+
+
+def encode_frames(
+    array: np.ndarray,
+    *,
+    kind: FrameKind,
+    run: str,
+    round: int,
+    group: int,
+    sender: str,
+    max_chunk: int = DEFAULT_MAX_CHUNK,
+    extra: FrameExtra | None = None,
+    msg_id: str | None = None,
+) -> Iterator[bytes]:
+    """Frames carrying ``array`` (little-endian), chunked above ``max_chunk`` bytes."""
+    arr = np.ascontiguousarray(array)
+    dtype = next((name for name, t in DTYPES.items() if arr.dtype == t), None)
+    if dtype is None:
+        raise ProtocolError(f"dtype {arr.dtype} cannot travel in a frame (float32 or uint8)")
+    if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
+        arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
+    data = memoryview(arr.reshape(-1).view(np.uint8).data)  # no copy: frames are cut from the array itself
+    n_chunks = max(1, math.ceil(len(data) / max_chunk))
+    header = FrameHeader(
+        kind=kind,
+        run=run,
+        round=int(round),
+        group=int(group),
+        sender=sender,
+        msg_id=msg_id or uuid.uuid4().hex[:16],
+        chunk=0,
+        n_chunks=n_chunks,
+        chunk_size=max_chunk,
+        dtype=dtype,  # type: ignore[arg-type]
+        shape=tuple(int(d) for d in arr.shape),
+        nbytes=len(data),
+        sha256=hashlib.sha256(data).hexdigest(),
+        extra=extra or FrameExtra(),
+    )
+    body = to_body(header)
+    for i in range(n_chunks):
+        body["chunk"] = i
+        head = json.dumps(body, separators=(",", ":")).encode()
+        yield b"".join((MAGIC, struct.pack("<I", len(head)), head, data[i * max_chunk : (i + 1) * max_chunk]))
+
+
+PublishFn = Callable[[str, bytes, bool], None]
+
+
+def send_model(
+    publish: PublishFn,
+    topic: str | Callable[[int], str],
+    array: np.ndarray,
+    *,
+    kind: FrameKind,
+    run: str,
+    round: int,
+    group: int,
+    sender: str,
+    max_chunk: int = DEFAULT_MAX_CHUNK,
+    extra: FrameExtra | None = None,
+    retain: bool = False,
+) -> int:
+    """Encode ``array`` into frames and publish each; returns the number of frames.
+
+    ``topic`` is one topic for every chunk, or a function of the chunk index (the
+    retained artifact and shared models keep one retained message per chunk)."""
+    n = 0
+    for i, frame in enumerate(
+        encode_frames(
+            array, kind=kind, run=run, round=round, group=group, sender=sender, max_chunk=max_chunk, extra=extra
+        )
+    ):
+        publish(topic if isinstance(topic, str) else topic(i), frame, retain)
+        n = i + 1
+    return n
+
+
+def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameHeader, memoryview]:
+    """Split and validate one frame; raises :class:`ProtocolError` naming the problem."""
+    if len(frame) > max_frame:
+        raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {max_frame}-byte limit")
+    if len(frame) < 8 or frame[:4] != MAGIC:
+        if frame[:3] == b"CVY" and len(frame) >= 4:
+            raise ProtocolError(f"frame of protocol version {frame[3:4].decode(errors='replace')}, expected 2")
+        raise ProtocolError("not a covey frame (bad magic or truncated before the header)")
+    (head_len,) = struct.unpack("<I", frame[4:8])
+    if head_len > MAX_HEADER or 8 + head_len > len(frame):
+        raise ProtocolError(f"frame header length {head_len} does not fit the {len(frame)}-byte frame (truncated)")
+    try:
+        raw: Any = json.loads(frame[8 : 8 + head_len].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ProtocolError("frame header is not UTF-8 JSON") from None
+    header = from_body(FrameHeader, raw, "frame header")
+    chunk = memoryview(frame)[8 + head_len :]  # the payload chunk, not copied
+    if len(chunk) != header.chunk_length(header.chunk):
+        raise ProtocolError(
+            f"chunk {header.chunk} carries {len(chunk)} bytes; the header says {header.chunk_length(header.chunk)}"
+            " (truncated or padded)"
+        )
+    return header, chunk
+
+
+class Reassembler:
+    """Collects chunks by message id; returns the checked payload when complete.
+
+    Memory is bounded by bytes: a payload larger than ``max_bytes`` is refused; every
+    chunk must carry exactly the bytes its header announces, so what the partial
+    messages hold never exceeds what they announce; together they may announce at
+    most ``max_pending_bytes``, and a new message that does not fit evicts the oldest
+    partial ones (logged and counted in ``evicted``). Partial messages untouched for
+    ``max_age_s`` seconds expire (counted in ``expired``). A device expects a model or
+    two at a time; the coordinator receives one model per device of a parallel round at
+    once (50 devices x 26 MB interleaved), so it passes a bound that fits them all.
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = 256 * 1024 * 1024,
+        max_pending_bytes: int = 1024 * 1024 * 1024,
+        max_age_s: float = 600.0,
+    ) -> None:
+        self.max_bytes, self.max_pending_bytes, self.max_age_s = max_bytes, max_pending_bytes, max_age_s
+        self._parts: dict[str, tuple[FrameHeader, dict[int, memoryview], float]] = {}
+        self.evicted = 0
+        self.expired = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        return sum(h.nbytes for h, _, _ in self._parts.values())
+
+    @property
+    def held_bytes(self) -> int:
+        return sum(len(c) for _, parts, _ in self._parts.values() for c in parts.values())
+
+    def _expire(self, now: float) -> None:
+        old = [k for k, (_, _, seen) in self._parts.items() if now - seen > self.max_age_s]
+        for key in old:
+            head, _, _ = self._parts.pop(key)
+            self.expired += 1
+            log.warning("dropped the partial %s payload %s: no chunk for %.0f s", head.kind, key, self.max_age_s)
+
+    def _make_room(self, nbytes: int) -> None:
+        pending = self.pending_bytes
+        while self._parts and pending + nbytes > self.max_pending_bytes:
+            oldest = min(self._parts, key=lambda k: self._parts[k][2])
+            head, parts, _ = self._parts.pop(oldest)
+            pending -= head.nbytes
+            self.evicted += 1
+            log.warning(
+                "evicted the partial %s frame %s from %s (%d of %d chunks): more than %d MB of partial payloads",
+                head.kind,
+                oldest,
+                head.sender,
+                len(parts),
+                head.n_chunks,
+                self.max_pending_bytes // 2**20,
+            )
+
+    def add(self, frame: bytes, sender: str | None = None) -> Payload | None:
+        """Take one frame; the whole checked payload once its last chunk arrived.
+
+        ``sender``: who the broker says sent it (from the topic). A frame whose
+        header names anyone else is refused before it is stored."""
+        header, chunk = parse_frame(frame)
+        if sender is not None and header.sender != sender:
+            raise ProtocolError(f"frame claims sender {header.sender!r} but came from {sender!r}")
+        if header.nbytes > self.max_bytes:
+            raise ProtocolError(f"payload of {header.nbytes} bytes exceeds the {self.max_bytes}-byte limit")
+        now = time.monotonic()
+        self._expire(now)
+        key = f"{header.sender}/{header.msg_id}"
+        if header.n_chunks > 1 and key not in self._parts:
+            self._make_room(header.nbytes)
+        first, parts, _ = self._parts.get(key, (header, {}, now))
+        if (first.sha256, first.n_chunks, first.nbytes, first.chunk_size) != (
+            header.sha256,
+            header.n_chunks,
+            header.nbytes,
+            header.chunk_size,
+        ):
+            self._parts.pop(key, None)
+            raise ProtocolError(f"chunks of message {header.msg_id} disagree about the payload")
+        parts[header.chunk] = chunk
+        self._parts[key] = (first, parts, now)
+        if len(parts) < header.n_chunks:
+            return None
+        self._parts.pop(key, None)
+        data = parts[0] if header.n_chunks == 1 else memoryview(b"".join(parts[i] for i in range(header.n_chunks)))
+        if hashlib.sha256(data).hexdigest() != header.sha256:
+            raise ProtocolError(f"payload sha256 mismatch for message {header.msg_id}: corrupted in transit")
+        array = np.frombuffer(data, dtype=np.dtype(DTYPES[header.dtype]).newbyteorder("<")).reshape(header.shape)
+        return Payload(first, array.astype(DTYPES[header.dtype], copy=False))
+
+
+def check_weights(payload: Payload, n_params: int) -> np.ndarray:
+    """A model payload must be a finite float32 vector of the model's length."""
+    arr = payload.array
+    if payload.header.dtype != "float32" or arr.ndim != 1:
+        raise ProtocolError(f"weights must be a 1-D float32 vector, got {payload.header.dtype} {arr.shape}")
+    if arr.shape[0] != n_params:
+        raise ProtocolError(f"weights have {arr.shape[0]} values; the model has {n_params}")
+    if not np.isfinite(arr).all():
+        raise ProtocolError("weights hold NaN or infinite values")
+    return arr

@@ -1,0 +1,377 @@
+"""Control messages: a JSON envelope around one typed body per message type.
+
+Envelope::
+
+    {"type": "train", "run": "site", "sender": "server", "round": 3,
+     "body": {...}, "id": "4f1c...", "sent_at": 1795250000.1, "v": 2}
+
+Every body is a frozen dataclass below; :func:`decode_message` validates the envelope
+and the body for its type and says what is wrong. ``docs/protocol.md`` explains each
+one, and ``docs/protocol.schema.json`` (generated from these classes by
+``python -m device.protocol.schema``) is the machine-readable form.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, Union
+
+from device.errors import ProtocolError
+from device.protocol.typed import Above, AtLeast, Identifier, MaxLen, from_body, read_value, to_body
+
+PROTOCOL_VERSION = 2
+MAX_MESSAGE_BYTES = 1_000_000
+
+TaskId = Annotated[str, Identifier("task id")]
+DeviceId = Annotated[str, Identifier("device id")]
+ModelKeys = Annotated[tuple[Annotated[str, Identifier("model key")], ...], MaxLen(64)]
+Count = Annotated[int, AtLeast(0)]
+ClassCounts = Annotated[tuple[Count, ...], AtLeast(1), MaxLen(100_000)]
+GroupMode = Literal["chain", "parallel"]
+Split = Literal["train", "test"]
+
+
+class ProtocolVersionError(ProtocolError):
+    """A message of another protocol version (``version`` says which)."""
+
+    def __init__(self, version: object) -> None:
+        super().__init__(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
+        self.version = version
+
+
+# -- device -> server ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Register:
+    """A device announces itself once it holds the model, and again whenever the
+    server's epoch changes (registering twice is fine: the later one wins).
+    ``class_counts`` has one count per class of the model and sums to ``n_samples``."""
+
+    n_samples: Annotated[int, AtLeast(1)]
+    n_test: Count
+    class_counts: ClassCounts
+    runtime: Annotated[str, MaxLen(64)]
+    memory_mb: Count
+    direct: bool = True
+    model_sha256: str | None = None
+
+    def __post_init__(self) -> None:
+        if sum(self.class_counts) != self.n_samples:
+            raise ValueError(f"class_counts sum to {sum(self.class_counts)}, but n_samples is {self.n_samples}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """After a ``train`` request, sent right after the output frames. ``loss`` is the
+    sample-weighted mean of the mini-batch losses over all local steps."""
+
+    task_id: TaskId
+    n_samples: Count
+    loss: float
+    steps: Count
+    group: Count
+    position: Count
+    class_counts: ClassCounts
+    train_seconds: Annotated[float, AtLeast(0)] = 0.0
+    deliver_seconds: Annotated[float, AtLeast(0)] = 0.0
+    kind: Literal["train"] = "train"
+
+
+@dataclass(frozen=True)
+class PretrainResult:
+    """After a ``pretrain`` request, sent right after the ``update`` frame."""
+
+    task_id: TaskId
+    n_samples: Count
+    loss: float
+    steps: Count
+    kind: Literal["pretrain"] = "pretrain"
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One evaluated model: ``loss`` is the mean per-sample cross-entropy over the whole
+    split, ``correct`` the number of samples whose arg-max is the label, ``n`` the
+    split's size."""
+
+    index: Count
+    loss: float
+    correct: Count
+    n: Count
+
+
+@dataclass(frozen=True)
+class EvaluateResult:
+    """After an ``evaluate`` request: one row per model index."""
+
+    task_id: TaskId
+    evaluations: Annotated[tuple[EvalRow, ...], MaxLen(64)]
+    kind: Literal["evaluate"] = "evaluate"
+
+
+Result = Union[TrainResult, PretrainResult, EvaluateResult]  # noqa: UP007 (a runtime union for typed.py)
+
+
+@dataclass(frozen=True)
+class Pong:
+    """Reply to ``ping``: ``echo`` is the ping's ``t``."""
+
+    echo: float
+
+
+# -- server -> device -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class LocalTraining:
+    """Local SGD settings: ``epochs`` passes over the data in shuffled mini-batches of
+    ``batch`` (the last, partial batch included), learning rate ``lr``, FedProx
+    proximal weight ``mu`` (0: plain SGD), stopping after ``max_steps`` steps if set."""
+
+    epochs: Annotated[int, AtLeast(1)]
+    batch: Annotated[int, AtLeast(1)]
+    lr: Annotated[float, Above(0)]
+    mu: Annotated[float, AtLeast(0)] = 0.0
+    max_steps: Annotated[int, AtLeast(1)] | None = None
+
+
+@dataclass(frozen=True)
+class DeviceHop:
+    """Send the output straight to the successor device (direct hand-off)."""
+
+    device: DeviceId
+    task_id: TaskId
+    to: Literal["device"] = "device"
+
+
+@dataclass(frozen=True)
+class ManagerHop:
+    """Send the output to the group manager (relay, chain end, parallel member)."""
+
+    group: Count
+    to: Literal["group"] = "group"
+
+
+Hop = Union[DeviceHop, ManagerHop]  # noqa: UP007
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    """Train from the model that arrives for ``task_id`` and send the output to ``next``.
+
+    The model comes from the server (``predecessor`` = ``"server"``, on
+    ``device/<id>/frames`` or as the shared key in ``shared``) or, with direct
+    hand-offs, from the predecessor device on ``device/<id>/frames/from/<predecessor>``
+    (the server may also send it when the predecessor was skipped)."""
+
+    task_id: TaskId
+    group: Count
+    position: Count
+    mode: GroupMode
+    predecessor: DeviceId
+    next: Hop
+    train: LocalTraining
+    seed: Count
+    shared: ModelKeys = ()
+
+
+@dataclass(frozen=True)
+class PretrainRequest:
+    """Train ``steps`` mini-batch SGD steps from the model that arrives (cold start) and
+    reply with one ``update`` frame holding trained minus start weights, then a
+    ``result`` message of kind ``pretrain``."""
+
+    task_id: TaskId
+    steps: Annotated[int, AtLeast(1)]
+    batch: Annotated[int, AtLeast(1)]
+    lr: Annotated[float, Above(0)]
+    seed: Count
+    shared: ModelKeys = ()
+
+
+@dataclass(frozen=True)
+class EvaluateRequest:
+    """Evaluate ``n_models`` models (frames with ``extra.index`` 0..n-1, or the
+    ``shared`` keys in order) on the ``split`` and reply with one ``result``."""
+
+    task_id: TaskId
+    n_models: Annotated[int, AtLeast(1)]
+    split: Split
+    shared: ModelKeys = ()
+
+    def __post_init__(self) -> None:
+        if self.n_models > 64:
+            raise ValueError("at most 64 models per evaluate request")
+        if self.shared and len(self.shared) != self.n_models:
+            raise ValueError(f"{len(self.shared)} shared keys for {self.n_models} models")
+
+
+@dataclass(frozen=True)
+class ResendRequest:
+    """Send the output of ``task_id`` (the device's last output) again, to ``to``."""
+
+    task_id: TaskId
+    to: Hop
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Answer with ``pong`` echoing ``t`` (the server's clock)."""
+
+    t: float
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Leave the run; ``reason`` says why (shown in the device's log)."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """Retained on ``device/<id>/assignment``: the device's group this round (-1: none)."""
+
+    group: Annotated[int, AtLeast(-1)]
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    """Retained on ``server/status``: the coordinator's state and epoch. A new epoch
+    means a new coordinator process: devices register again."""
+
+    epoch: Annotated[str, Identifier("epoch")]
+    state: Literal["running", "stopped"]
+    protocol: int = PROTOCOL_VERSION
+    model_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class Ack:
+    """The server holds these results: the device may forget them."""
+
+    task_ids: Annotated[tuple[TaskId, ...], MaxLen(1000)]
+
+
+BODY_TYPES: dict[str, Any] = {
+    "register": Register,
+    "result": Result,
+    "pong": Pong,
+    "train": TrainRequest,
+    "pretrain": PretrainRequest,
+    "evaluate": EvaluateRequest,
+    "resend": ResendRequest,
+    "ping": Ping,
+    "stop": Stop,
+    "assignment": Assignment,
+    "status": ServerStatus,
+    "ack": Ack,
+}
+MessageType = Literal[
+    "register",
+    "result",
+    "pong",
+    "train",
+    "pretrain",
+    "evaluate",
+    "resend",
+    "ping",
+    "stop",
+    "assignment",
+    "status",
+    "ack",
+]
+MESSAGE_TYPES: tuple[str, ...] = tuple(BODY_TYPES)
+_TYPE_OF: dict[type, str] = {cls: name for name, cls in BODY_TYPES.items() if isinstance(cls, type)} | {
+    TrainResult: "result",
+    PretrainResult: "result",
+    EvaluateResult: "result",
+}
+
+
+@dataclass(frozen=True)
+class Message:
+    """A typed, versioned control message (JSON on the wire)."""
+
+    type: MessageType
+    run: str
+    sender: str
+    round: int
+    body: Any
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    sent_at: float = field(default_factory=time.time)
+    v: int = PROTOCOL_VERSION
+
+    @classmethod
+    def of(cls, body: Any, *, run: str, sender: str, round: int = 0) -> Message:
+        """The message carrying ``body`` (its type follows from the body's class)."""
+        kind = _TYPE_OF.get(type(body))
+        if kind is None:
+            raise ProtocolError(f"{type(body).__name__} is not a message body")
+        return cls(kind, run, sender, int(round), body)  # type: ignore[arg-type]
+
+    def encode(self) -> bytes:
+        raw = {
+            "type": self.type,
+            "run": self.run,
+            "sender": self.sender,
+            "round": self.round,
+            "body": to_body(self.body),
+            "id": self.id,
+            "sent_at": self.sent_at,
+            "v": self.v,
+        }
+        return json.dumps(raw, separators=(",", ":"), allow_nan=False).encode()
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The envelope fields (every one required)."""
+
+    type: str
+    run: Annotated[str, Identifier("run id")]
+    sender: Annotated[str, Identifier("sender")]
+    round: Count
+    body: dict[str, Any]
+    id: Annotated[str, Identifier("message id")]
+    sent_at: float
+    v: int
+
+
+def decode_message(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
+    """Parse and validate a control message and its body; :class:`ProtocolError` says
+    what is wrong (:class:`ProtocolVersionError` for another protocol version)."""
+    if len(data) > max_bytes:
+        raise ProtocolError(f"control message of {len(data)} bytes exceeds {max_bytes}")
+    if data[:3] == b"CVY":
+        raise ProtocolError("a binary frame arrived where a control message was expected")
+    try:
+        raw = json.loads(data.decode())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ProtocolError(f"control message is not UTF-8 JSON ({str(exc)[:80]})") from None
+    if not isinstance(raw, dict):
+        raise ProtocolError("control message must be a JSON object")
+    if raw.get("v") != PROTOCOL_VERSION:
+        raise ProtocolVersionError(raw.get("v"))
+    env = from_body(Envelope, raw, "message")
+    body_type = BODY_TYPES.get(env.type)
+    if body_type is None:
+        raise ProtocolError(f"unknown message type {env.type!r}")
+    body = read_value(body_type, env.body, f"{env.type}.body")
+    return Message(env.type, env.run, env.sender, env.round, body, env.id, env.sent_at, env.v)  # type: ignore[arg-type]
+
+
+def legacy_stop(run: str, reason: str, version: int = 1) -> bytes:
+    """A ``stop`` in an older protocol's envelope, so that an out-of-date agent, which
+    cannot read version-2 messages, still leaves the run (and its log says why)."""
+    raw = {
+        "type": "stop",
+        "run": run,
+        "sender": "server",
+        "round": 0,
+        "body": {"reason": reason},
+        "id": uuid.uuid4().hex[:16],
+        "sent_at": time.time(),
+        "v": version,
+    }
+    return json.dumps(raw, separators=(",", ":")).encode()

@@ -1,0 +1,306 @@
+"""Typed JSON bodies: frozen dataclasses checked on the way in, and their JSON Schema.
+
+Every control-message body of the protocol is a frozen dataclass whose fields carry
+plain types (``int``, ``float``, ``str``, ``bool``, ``Literal``, ``tuple[T, ...]``,
+``T | None``, another body, or a tagged union of bodies) and, with
+``Annotated[...]``, the constraints a receiver checks (:class:`AtLeast`,
+:class:`Above`, :class:`MaxLen`, :class:`Identifier`). One description serves three
+purposes: :func:`from_body` validates and builds, :func:`to_body` writes, and
+:func:`json_schema` publishes the schema in ``docs/protocol.schema.json``. A third
+party reads the schema; covey's tests check that the code and the schema agree.
+
+Rules a receiver follows (and that the schema states):
+
+* a required field that is missing, has the wrong JSON type, or breaks a constraint
+  is refused with a :class:`~device.errors.ProtocolError` that names the field;
+* JSON ``true``/``false`` is never a number; numbers must be finite;
+* fields a receiver does not know are ignored, so a later minor revision may add
+  optional fields without breaking older parties.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
+
+from device.errors import ProtocolError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class AtLeast:
+    """Inclusive lower bound of a number (or the minimum length of a tuple)."""
+
+    value: float
+
+
+@dataclass(frozen=True)
+class Above:
+    """Exclusive lower bound of a number."""
+
+    value: float
+
+
+@dataclass(frozen=True)
+class MaxLen:
+    """Maximum length of a string or a tuple."""
+
+    value: int
+
+
+@dataclass(frozen=True)
+class Identifier:
+    """A topic level: 1-64 printable characters without ``/ + #`` or spaces."""
+
+    what: str = "id"
+
+
+ID_PATTERN = r"^[^/+# \x00-\x1f\x7f]{1,64}$"
+
+
+def check_identifier(value: str, what: str) -> str:
+    if not value or len(value) > 64 or any(ch in value for ch in "/+# ") or not value.isprintable():
+        raise ProtocolError(f"{what} {value!r} must be 1-64 printable characters without '/', '+', '#', ' '")
+    return value
+
+
+# -- reading --------------------------------------------------------------------------------
+
+
+def _split_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    if get_origin(tp) is Annotated:
+        base, *extras = get_args(tp)
+        return base, tuple(extras)
+    return tp, ()
+
+
+def _is_union(tp: Any) -> bool:
+    return get_origin(tp) in (Union, types.UnionType)
+
+
+def _tag_of(cls: type) -> tuple[str, Any] | None:
+    """The discriminating field of a union member: its one ``Literal`` field with one value."""
+    for f in dataclasses.fields(cls):
+        hint = get_type_hints(cls, include_extras=True)[f.name]
+        base, _ = _split_annotated(hint)
+        if get_origin(base) is Literal and len(get_args(base)) == 1:
+            return f.name, get_args(base)[0]
+    return None
+
+
+def _check_constraints(value: Any, extras: tuple[Any, ...], where: str) -> None:
+    for c in extras:
+        if isinstance(c, AtLeast):
+            size = len(value) if isinstance(value, tuple) else value
+            if size < c.value:
+                what = "have at least" if isinstance(value, tuple) else "be at least"
+                raise ProtocolError(f"{where} must {what} {c.value:g}, got {value!r}")
+        elif isinstance(c, Above) and not value > c.value:
+            raise ProtocolError(f"{where} must be above {c.value:g}, got {value!r}")
+        elif isinstance(c, MaxLen) and len(value) > c.value:
+            raise ProtocolError(f"{where} holds {len(value)} items; at most {c.value} are allowed")
+        elif isinstance(c, Identifier):
+            check_identifier(value, f"{where} ({c.what})")
+
+
+def read_value(tp: Any, raw: Any, where: str) -> Any:
+    """Validate ``raw`` against type ``tp`` (a body class, a tagged union of them, or a field type)."""
+    base, extras = _split_annotated(tp)
+    value = _read_base(base, raw, where)
+    if value is not None:
+        _check_constraints(value, extras, where)
+    return value
+
+
+def _read_base(tp: Any, raw: Any, where: str) -> Any:
+    if _is_union(tp):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        if raw is None:
+            if len(options) < len(get_args(tp)):
+                return None
+            raise ProtocolError(f"{where} must not be null")
+        if len(options) == 1:
+            return read_value(options[0], raw, where)
+        return _read_tagged(options, raw, where)
+    if tp is Any:
+        return raw
+    if tp is bool:
+        if not isinstance(raw, bool):
+            raise ProtocolError(f"{where} must be true or false, got {raw!r}")
+        return raw
+    if tp is int:
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ProtocolError(f"{where} must be an integer, got {raw!r}")
+        return raw
+    if tp is float:
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
+            raise ProtocolError(f"{where} must be a finite number, got {raw!r}")
+        return float(raw)
+    if tp is str:
+        if not isinstance(raw, str):
+            raise ProtocolError(f"{where} must be a string, got {raw!r}")
+        return raw
+    if get_origin(tp) is Literal:
+        allowed = get_args(tp)
+        if raw not in allowed or isinstance(raw, bool) != any(isinstance(a, bool) for a in allowed):
+            raise ProtocolError(f"{where} must be one of {list(allowed)}, got {raw!r}")
+        return raw
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        try:
+            return tp(raw)
+        except ValueError:
+            raise ProtocolError(f"{where} must be one of {[m.value for m in tp]}, got {raw!r}") from None
+    if get_origin(tp) is tuple:
+        item, ellipsis = get_args(tp)
+        assert ellipsis is Ellipsis, "only tuple[T, ...] is supported"
+        if not isinstance(raw, list):
+            raise ProtocolError(f"{where} must be a list, got {type(raw).__name__}")
+        return tuple(read_value(item, v, f"{where}[{i}]") for i, v in enumerate(raw))
+    if get_origin(tp) is dict:
+        if not isinstance(raw, dict):
+            raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
+        return dict(raw)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return from_body(tp, raw, where)
+    raise TypeError(f"unsupported field type {tp!r} at {where}")  # a bug in a body definition
+
+
+def _read_tagged(options: list[Any], raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
+    tags = {}
+    for cls in options:
+        tag = _tag_of(cls)
+        assert tag is not None, f"union member {cls.__name__} has no Literal tag field"
+        tags[tag[1]] = (tag[0], cls)
+    field_name = next(iter(tags.values()))[0]
+    chosen = tags.get(raw.get(field_name))
+    if chosen is None:
+        raise ProtocolError(f"{where}.{field_name} must be one of {list(tags)}, got {raw.get(field_name)!r}")
+    return from_body(chosen[1], raw, where)
+
+
+def from_body(cls: type[T], raw: Any, where: str = "body") -> T:
+    """Validate ``raw`` (parsed JSON) against body class ``cls`` and build it.
+
+    Raises :class:`ProtocolError` naming the first field that is missing, of the
+    wrong type or out of range. Unknown fields are ignored.
+    """
+    if not isinstance(raw, Mapping):
+        raise ProtocolError(f"{where} must be a JSON object, got {type(raw).__name__}")
+    hints = get_type_hints(cls, include_extras=True)
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        name = f"{where}.{f.name}"
+        if f.name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError(f"{name} is missing")
+            continue
+        values[f.name] = read_value(hints[f.name], raw[f.name], name)
+    try:
+        return cls(**values)
+    except (ValueError, TypeError) as exc:  # a body's own cross-field check
+        raise ProtocolError(f"{where}: {exc}") from None
+
+
+# -- writing -------------------------------------------------------------------------------
+
+
+def _write(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_body(value)
+    if isinstance(value, (tuple, list)):
+        return [_write(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(f"cannot send the non-finite number {value!r}")
+    return value
+
+
+def to_body(obj: Any) -> dict[str, Any]:
+    """The JSON object of a body (every field, ``None`` as ``null``)."""
+    return {f.name: _write(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+# -- JSON Schema ----------------------------------------------------------------------------
+
+
+def _schema(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    base, extras = _split_annotated(tp)
+    out = _schema_base(base, defs)
+    for c in extras:
+        if isinstance(c, AtLeast):
+            out["minItems" if out.get("type") == "array" else "minimum"] = (
+                int(c.value) if out.get("type") in ("array", "integer") else c.value
+            )
+        elif isinstance(c, Above):
+            out["exclusiveMinimum"] = c.value
+        elif isinstance(c, MaxLen):
+            out["maxItems" if out.get("type") == "array" else "maxLength"] = c.value
+        elif isinstance(c, Identifier):
+            out["pattern"] = ID_PATTERN
+            out["description"] = f"{c.what}: 1-64 printable characters without '/', '+', '#' or spaces"
+    return out
+
+
+def _schema_base(tp: Any, defs: dict[str, Any]) -> dict[str, Any]:
+    if _is_union(tp):
+        options = [a for a in get_args(tp) if a is not type(None)]
+        variants = [_schema(a, defs) for a in options]
+        if len(options) < len(get_args(tp)):
+            variants.append({"type": "null"})
+        return variants[0] if len(variants) == 1 else {"oneOf": variants}
+    if tp is Any:
+        return {}
+    simple = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if tp in simple:
+        return {"type": simple[tp]}
+    if get_origin(tp) is Literal:
+        allowed = list(get_args(tp))
+        return {"const": allowed[0]} if len(allowed) == 1 else {"enum": allowed}
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return {"enum": [m.value for m in tp]}
+    if get_origin(tp) is tuple:
+        return {"type": "array", "items": _schema(get_args(tp)[0], defs)}
+    if get_origin(tp) is dict:
+        return {"type": "object"}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if tp.__name__ not in defs:
+            defs[tp.__name__] = {}  # placeholder against recursion
+            defs[tp.__name__] = object_schema(tp, defs)
+        return {"$ref": f"#/$defs/{tp.__name__}"}
+    raise TypeError(f"unsupported field type {tp!r}")
+
+
+def object_schema(cls: type, defs: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema of one body class (nested bodies go to ``defs``)."""
+    hints = get_type_hints(cls, include_extras=True)
+    props: dict[str, Any] = {}
+    required = []
+    for f in dataclasses.fields(cls):
+        props[f.name] = _schema(hints[f.name], defs)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            required.append(f.name)
+        elif f.default is not dataclasses.MISSING:
+            props[f.name]["default"] = _write(f.default)
+    schema: dict[str, Any] = {"type": "object", "properties": props, "required": required}
+    doc = (cls.__doc__ or "").strip()
+    if doc:
+        schema["description"] = " ".join(doc.split())
+    return schema
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    """A self-contained JSON Schema (draft 2020-12) for one body class."""
+    defs: dict[str, Any] = {}
+    root = object_schema(cls, defs)
+    if defs:
+        root["$defs"] = defs
+    return root

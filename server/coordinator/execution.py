@@ -1,0 +1,95 @@
+"""Running one round's plan on boards: a group manager per planned group.
+
+Each group's hand-off mode is chosen here (``direct``, ``relay``, alternating
+``mixed`` for tests, or ``auto``: relay for a group with a device that cannot publish
+to its peers or whose measured RTT exceeds ``relay_rtt_ms``). Every member's
+assignment is published retained; the managers send requests and models, and the
+coordinator's receive loop feeds them results until every group is done or its
+deadline passed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from device.errors import ProtocolError
+from device.protocol import SERVER_ID, Assignment, Message, Payload, TrainResult
+from server.coordinator.manager import GroupManager, Handoff
+from server.coordinator.shared import SharedModels
+from server.strategies.base import GroupResult, RoundPlan
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from server.coordinator.coordinator import Coordinator
+
+
+class RoundExecution:
+    def __init__(self, coordinator: Coordinator, shared: SharedModels) -> None:
+        self.coord, self.shared = coordinator, shared
+        self.managers: list[GroupManager] = []
+
+    def _handoff_for(self, group_index: int, members: Sequence[str]) -> Handoff:
+        mode = self.coord.cfg.handoff
+        if mode == "mixed":
+            return "direct" if group_index % 2 == 0 else "relay"
+        if mode in ("direct", "relay"):
+            return mode  # type: ignore[return-value]
+        devices = self.coord.devices
+        slow = [d for d in members if not devices[d].direct or devices[d].rtt_ms > self.coord.cfg.relay_rtt_ms]
+        return "relay" if slow else "direct"
+
+    def run(self, plan: RoundPlan, seed: int) -> list[GroupResult]:
+        c = self.coord
+        unknown = sorted({d for g in plan.groups for d in g.members if d not in c.devices})
+        if unknown:
+            raise ProtocolError(f"plan names unknown devices {unknown}")
+        now = time.monotonic()
+        self.managers = []
+        try:
+            for i, g in enumerate(plan.groups):
+                manager = GroupManager(
+                    g,
+                    plan.round,
+                    plan.models[g.start_model],
+                    plan.train,
+                    topics=c.topics,
+                    publish=c._publish,
+                    handoff=self._handoff_for(i, g.members),
+                    deadline_s=c.cfg.deadline_s,
+                    seed=seed,
+                    max_chunk=c.cfg.max_chunk,
+                    task_prefix=c.epoch,
+                    shared=self.shared,
+                )
+                for d in g.members:
+                    msg = Message.of(Assignment(g.group_id), run=c.cfg.run, sender=SERVER_ID, round=plan.round)
+                    c._publish(c.topics.assignment(d), msg.encode(), True)
+                self.managers.append(manager)
+                manager.start(now)
+            while not all(m.done for m in self.managers):
+                c.pump(0.05)
+                now = time.monotonic()
+                for m in self.managers:
+                    m.tick(now)
+        finally:
+            for m in self.managers:
+                m.release()  # no shared start model outlives its round on the broker
+        return [m.result() for m in self.managers]
+
+    def on_result(self, device: str, result: TrainResult) -> bool:
+        now = time.monotonic()
+        return any(m.owns(device) and m.on_result(device, result, now) for m in self.managers)
+
+    def on_frame(self, payload: Payload, weights: np.ndarray) -> bool:
+        now = time.monotonic()
+        return any(m.plan.group_id == payload.header.group and m.on_frame(payload, weights, now) for m in self.managers)
+
+    def handoff_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for m in self.managers:
+            if m.plan.mode == "chain":
+                counts[m.handoff] = counts.get(m.handoff, 0) + 1
+        return counts

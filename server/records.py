@@ -1,0 +1,139 @@
+"""The one writer of a run's results: JSON, CSV and a PNG plot, for simulation and boards.
+
+``<stem>.json`` holds every effective setting with where it came from (paper
+default, covey default, preset, config file, flag), a summary, and one object per
+round (:class:`~server.rounds.RoundRecord`); ``<stem>.csv`` the rounds flattened;
+``<stem>.png`` accuracy and loss against rounds. Files are written to a temporary
+name, flushed to disk and renamed, so a crash never leaves a half-written result.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.state import atomic_write
+from server.rounds import RoundRecord
+from server.settings import Setting
+
+
+def headline(records: Sequence[RoundRecord]) -> tuple[str, list[tuple[int, float]]]:
+    """The accuracy a run is judged by: federated where it was measured (what the
+    papers report), else the server-side one. Returns its name and (round, value)."""
+    for name in ("federated_accuracy", "server_accuracy"):
+        points = [(r.round, float(getattr(r, name))) for r in records if math.isfinite(getattr(r, name))]
+        if points:
+            return name, points
+    return "federated_accuracy", []
+
+
+def summary(records: Sequence[RoundRecord], target: float | None = None) -> dict[str, Any]:
+    name, points = headline(records)
+    values = [v for _, v in points]
+    out: dict[str, Any] = {
+        "accuracy": name,
+        "final": values[-1] if values else float("nan"),
+        "best": max(values) if values else float("nan"),
+        "best_round": points[int(np.argmax(values))][0] if values else None,
+        "rounds": len(records),
+        "wall_s": float(sum(r.wall_s for r in records)),
+    }
+    if target is not None:
+        out["target"] = target
+        out["rounds_to_target"] = next((rnd for rnd, v in points if v >= target), None)
+    return out
+
+
+def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update({f"{key}_{k}": v for k, v in value.items()})
+        else:
+            out[key] = value
+    return out
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def write_run(
+    out_dir: Path,
+    stem: str,
+    *,
+    records: Sequence[RoundRecord],
+    settings: Mapping[str, Setting],
+    title: str,
+    plot: bool = True,
+) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.csv`` and (with ``plot``) ``<stem>.png``."""
+    rows = [asdict(r) for r in records]
+    paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "png")}
+    doc = {
+        "settings": {k: s.as_dict() for k, s in sorted(settings.items())},
+        "summary": summary(records),
+        "rounds": rows,
+    }
+    atomic_write(paths["json"], (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
+    flat = [_flat(r) for r in rows]
+    keys = sorted({k for r in flat for k in r}, key=lambda k: (k != "round", k))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(flat)
+    atomic_write(paths["csv"], buffer.getvalue().encode())
+    if plot:
+        plot_runs({stem: [records]}, paths["png"], title=title)
+    else:
+        del paths["png"]
+    return paths
+
+
+def plot_runs(runs: Mapping[str, Sequence[Sequence[RoundRecord]]], path: Path, title: str = "") -> None:
+    """Accuracy and loss against rounds; several seeds of a run show mean and spread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    acc_label = "accuracy (%)"
+    for label, seeds in runs.items():
+        name, _ = headline(seeds[0])
+        acc_label = "federated test accuracy (%)" if name == "federated_accuracy" else "server-side test accuracy (%)"
+        loss_name = name.replace("accuracy", "loss")
+        n = min(len(r) for r in seeds)
+        rounds = np.arange(1, n + 1)
+        acc = np.array([[getattr(rec, name) * 100 for rec in r[:n]] for r in seeds], np.float64)
+        loss = np.array([[getattr(rec, loss_name) for rec in r[:n]] for r in seeds], np.float64)
+        for ax, values in ((axes[0], acc), (axes[1], loss)):
+            keep = np.isfinite(values).all(0)
+            if not keep.any():
+                continue
+            mean = values[:, keep].mean(0)
+            (line,) = ax.plot(rounds[keep], mean, label=label, marker="o" if keep.sum() < 30 else None, ms=3)
+            if len(seeds) > 1:
+                ax.fill_between(
+                    rounds[keep], values[:, keep].min(0), values[:, keep].max(0), alpha=0.2, color=line.get_color()
+                )
+    axes[0].set(xlabel="round", ylabel=acc_label, title=title)
+    axes[1].set(xlabel="round", ylabel=acc_label.replace("accuracy (%)", "loss"))
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=110, format="png")
+    plt.close(fig)
+    atomic_write(path, buffer.getvalue())

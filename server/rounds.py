@@ -1,0 +1,292 @@
+"""The one round driver: plan → execute → aggregate → evaluate → record.
+
+The simulator and the coordinator both run rounds through :class:`RoundDriver`. Each
+supplies only a :class:`Backend`: where the devices are (virtual devices in this or
+worker processes, or boards over MQTT) and how to ask them for training,
+pre-training, evaluation, class counts and link matrices. Everything else — the
+order of the hooks, the seed rule, the conversion of a strategy's training settings
+into what a device receives, evaluation and the record of a round — is written here
+once, so that the same seed and plan give the same models in both (a test holds them
+together, ``tests/mqtt/test_equivalence.py``).
+
+Accuracies are named for what they measure (:class:`RoundRecord`):
+``federated_accuracy`` scores every client with the model it would use now
+(:meth:`Strategy.model_for`) on its own test set, weighted by test samples (what the
+papers report); ``server_accuracy`` scores the global model on a held-out set the
+server owns, when there is one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from device.protocol import EvalRow, Split
+from server.costs import CostModel
+from server.metrics import pairwise_cpd
+from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """Evaluate each of ``models`` on each client's ``split``."""
+
+    models: tuple[np.ndarray, ...] = field(repr=False)
+    clients: tuple[str, ...]
+    split: Split
+
+
+@dataclass
+class RoundStats:
+    """What a backend observed besides results: skipped members, hand-off modes used,
+    messages it dropped (by reason) since the last call."""
+
+    handoff: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Where the devices are. The driver calls these; nothing else differs between
+    simulation and boards."""
+
+    def clients(self) -> Sequence[ClientInfo]:
+        """Every registered client, sorted by id."""
+        ...
+
+    def before_round(self, rnd: int) -> dict[str, float]:
+        """Called first in every round (the simulator applies distribution shift);
+        returns figures for the record's ``extra``."""
+        ...
+
+    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
+        """Run the plan; one result per group in plan order."""
+        ...
+
+    def pretrain(
+        self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int
+    ) -> dict[str, np.ndarray]:
+        """Pre-training updates of the clients that answered in time."""
+        ...
+
+    def evaluate(self, jobs: Sequence[EvalJob], *, rnd: int) -> list[dict[str, list[EvalRow]]]:
+        """Per job, per client that answered: one row per model."""
+        ...
+
+    def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]: ...
+
+    def snr_matrix(self) -> np.ndarray | None: ...
+
+    def distance_matrix(self) -> np.ndarray | None: ...
+
+    def round_stats(self) -> RoundStats:
+        """Counters since the previous call."""
+        ...
+
+
+@dataclass
+class RoundRecord:
+    """One round, as both drivers record it.
+
+    ``federated_*``: each client scored with the model it would use now on its own
+    test set, weighted by test samples (NaN on rounds without federated evaluation).
+    ``server_*``: the global model on the server's held-out set (NaN without one).
+    ``bytes``, ``t_comp_s``, ``t_comm_s`` are modelled (FedGSP Eq. 15-17); ``wall_s``
+    is measured.
+    """
+
+    round: int
+    federated_accuracy: float
+    federated_loss: float
+    server_accuracy: float
+    server_loss: float
+    train_loss: float
+    n_groups: int
+    participants: int
+    trained: int
+    skipped: int
+    median_cpd: float
+    bytes: float
+    t_comp_s: float
+    t_comm_s: float
+    wall_s: float
+    handoff: dict[str, int] = field(default_factory=dict)
+    dropped: dict[str, int] = field(default_factory=dict)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]
+
+
+class _Context:
+    """The :class:`RoundContext` a strategy sees: the backend, with the round, the seed
+    and the strategy's own training settings filled in."""
+
+    def __init__(self, driver: RoundDriver) -> None:
+        self._driver = driver
+
+    def clients(self) -> Sequence[ClientInfo]:
+        return self._driver.backend.clients()
+
+    def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
+        d = self._driver
+        t = d.strategy.train
+        return d.backend.pretrain(
+            list(client_ids), weights, steps=steps, batch=t.batch_size, lr=t.lr, seed=d.seed, rnd=d.rnd
+        )
+
+    def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
+        ids = list(client_ids)
+        (rows,) = self._driver.backend.evaluate([EvalJob(tuple(models), tuple(ids), "train")], rnd=self._driver.rnd)
+        out = np.full((len(ids), len(models)), np.inf)
+        for i, c in enumerate(ids):
+            for row in rows.get(c, []):
+                out[i, row.index] = row.loss
+        return out
+
+    def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
+        return self._driver.backend.class_counts(client_ids)
+
+    def snr_matrix(self) -> np.ndarray | None:
+        return self._driver.backend.snr_matrix()
+
+    def distance_matrix(self) -> np.ndarray | None:
+        return self._driver.backend.distance_matrix()
+
+
+class RoundDriver:
+    """Drive ``strategy`` over ``backend``, one round per :meth:`step`.
+
+    Parameters
+    ----------
+    strategy : any :class:`Strategy`.
+    backend : virtual devices or boards (:class:`Backend`).
+    seed : seeds the strategy's generator (``np.random.default_rng(seed)``) and every
+        device's batch order (``device/training.py``).
+    federated_eval_every : score clients on their own test sets every N rounds (0:
+        never); the last round is always scored when N > 0.
+    server_eval : the global model's accuracy and loss on the server's held-out set.
+    cost_model : FedGSP Eq. (15)-(17) parameters.
+    last_round : the run's last round (to score it even off the schedule).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        backend: Backend,
+        *,
+        seed: int,
+        federated_eval_every: int = 1,
+        server_eval: ServerEvaluator | None = None,
+        cost_model: CostModel | None = None,
+        last_round: int | None = None,
+    ) -> None:
+        self.strategy, self.backend, self.seed = strategy, backend, int(seed)
+        self.federated_eval_every = federated_eval_every
+        self.server_eval = server_eval
+        self.cost_model = cost_model or CostModel()
+        self.last_round = last_round
+        self.rnd = 0
+        self.records: list[RoundRecord] = []
+        self.context: RoundContext = _Context(self)
+        self.model_bytes = 0
+
+    def setup(self, initial_weights: np.ndarray) -> None:
+        """Give the strategy its clients, the initial model and the run's generator."""
+        self.model_bytes = int(np.asarray(initial_weights, np.float32).nbytes)
+        self.strategy.setup(self.backend.clients(), initial_weights, np.random.default_rng(self.seed))
+
+    def resume(self, rnd: int, records: Sequence[RoundRecord], model_bytes: int) -> None:
+        """Continue after round ``rnd`` (the strategy was restored from a checkpoint)."""
+        self.rnd, self.records, self.model_bytes = rnd, list(records), model_bytes
+
+    def step(self) -> RoundRecord:
+        self.rnd += 1
+        start = time.perf_counter()
+        extra = dict(self.backend.before_round(self.rnd))
+        plan = self.strategy.plan_round(self.rnd, self.context)
+        results = self.backend.execute(plan, seed=self.seed)
+        summary = self.strategy.aggregate(self.rnd, plan, results)
+        fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
+        srv_acc, srv_loss = (float("nan"), float("nan"))
+        if self.server_eval is not None and self.strategy.global_weights is not None:
+            srv_acc, srv_loss = self.server_eval(self.strategy.global_weights)
+        costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes)
+        stats = self.backend.round_stats()
+        extra.update(summary.extra)
+        record = RoundRecord(
+            round=self.rnd,
+            federated_accuracy=fed_acc,
+            federated_loss=fed_loss,
+            server_accuracy=srv_acc,
+            server_loss=srv_loss,
+            train_loss=summary.train_loss,
+            n_groups=summary.n_groups,
+            participants=len(plan.participants),
+            trained=sum(len(r.members) for r in results),
+            skipped=sum(len(r.skipped) for r in results),
+            median_cpd=self._median_cpd(plan),
+            bytes=costs["bytes"],
+            t_comp_s=costs["t_comp_s"],
+            t_comm_s=costs["t_comm_s"],
+            wall_s=time.perf_counter() - start,
+            handoff=dict(stats.handoff),
+            dropped=dict(stats.dropped),
+            extra=extra,
+        )
+        self.records.append(record)
+        return record
+
+    def run(self, rounds: int, progress: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
+        """Step until round ``rounds`` (counting rounds already done)."""
+        self.last_round = rounds
+        while self.rnd < rounds:
+            rec = self.step()
+            if progress is not None:
+                progress(rec)
+        return self.records
+
+    # -- evaluation ---------------------------------------------------------------------
+    def _federated_due(self) -> bool:
+        every = self.federated_eval_every
+        return every > 0 and (self.rnd % every == 0 or self.rnd == self.last_round)
+
+    def federated_evaluation(self) -> tuple[float, float]:
+        """Weighted test accuracy and loss, every client with the model it would use now."""
+        self.strategy.prepare_evaluation(self.context)
+        by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
+        for c in sorted(info.client_id for info in self.backend.clients()):
+            m = self.strategy.model_for(c)
+            by_model.setdefault(id(m), (m, []))[1].append(c)
+        jobs = [EvalJob((m,), tuple(cs), "test") for m, cs in by_model.values()]
+        correct = loss = n = 0.0
+        for rows in self.backend.evaluate(jobs, rnd=self.rnd):
+            for client_rows in rows.values():
+                for row in client_rows:
+                    correct += row.correct
+                    loss += row.loss * row.n
+                    n += row.n
+        return (correct / n, loss / n) if n else (float("nan"), float("nan"))
+
+    def _median_cpd(self, plan: RoundPlan) -> float:
+        if len(plan.groups) < 2:
+            return 0.0
+        infos = self.backend.clients()
+        index = {c.client_id: i for i, c in enumerate(infos)}
+        counts = np.array([c.class_counts for c in infos], np.float64)
+        groups = [np.array([index[c] for c in g.members if c in index]) for g in plan.groups]
+        return float(np.median(pairwise_cpd(counts, groups)))
+
+
+def records_as_dicts(records: Sequence[RoundRecord]) -> list[dict[str, object]]:
+    from dataclasses import asdict
+
+    return [asdict(r) for r in records]
+
+
+def record_from_dict(row: Mapping[str, object]) -> RoundRecord:
+    """A record read back from a checkpoint or a result file."""
+    return RoundRecord(**row)  # type: ignore[arg-type]
