@@ -11,6 +11,11 @@ nodes by IID and communication cost over the context's distance matrix (measured
 without one only the IID cost counts, FedAvg-I). HierFAVG groups by network alone: the
 same k-medoids on the distance matrix with the IID weight set to zero, or a random
 partition when no distances are known.
+
+The output of both methods is the global model (Alg. 1: ``OUTPUT: w(T)``); group models
+are intermediate. Clients are therefore scored with the last global aggregate
+(:meth:`FedAvgIC.model_for`), so a "best accuracy over rounds" only ever picks a model
+the method actually outputs.
 """
 
 from __future__ import annotations
@@ -96,6 +101,11 @@ class FedAvgIC(GroupModelStrategy):
         assert self.global_weights is not None
         self.assignment = {c: int(g) for c, g in zip(ids, labels, strict=True)}
         self.group_models = [self.global_weights.copy() for _ in range(int(labels.max()) + 1)]
+
+    def model_for(self, client_id: str) -> np.ndarray:
+        """The last global aggregate: the method's output (Alg. 1), never a group model."""
+        assert self.global_weights is not None
+        return self.global_weights
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         assert self.global_weights is not None
