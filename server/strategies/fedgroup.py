@@ -9,6 +9,13 @@ with the closest update direction (newcomer cold start, FedGroup Eq. 9); then ev
 group runs FedAvg (FedProx with ``mu > 0``) over its selected members, followed by the
 inter-group aggregation with ``eta_g``; the global model is the mean of the groups.
 
+Inter-group aggregation (:mod:`server.aggregation.intergroup`): ``eta_g_form="convex"``
+(default) is the normalised form of the public FlexCFL code; ``"literal"`` is FlexCFL's
+Eq. (20) / FedGroup Alg. 2 as printed. The literal form adds up to η_g (m - 1) to every
+model's norm each round, so with η_g > 1 the models grow without bound; the paper's
+η_g = 0.1 and η_g = 5.0 columns (FlexCFL Tables 3 and 4) came from the published code,
+so only the convex form can reproduce them. With the default η_g = 0 the two agree.
+
 FlexCFL adds client migration: before planning, every selected warm client whose
 label histogram moved by more than Eq. (9)'s threshold since it was grouped is
 cold-started again against the groups' cold-start directions.
@@ -23,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from server.aggregation.intergroup import intergroup_aggregate
+from server.aggregation.intergroup import INTERGROUP_FORMS, IntergroupForm, intergroup_aggregate
 from server.errors import StrategyError
 from server.grouping.fedgroup import MEASURES, assign_newcomer, cold_start_groups, group_directions
 from server.grouping.flexcfl import needs_migration
@@ -40,6 +47,22 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class FedGroup(GroupModelStrategy):
+    """FedGroup (FedGroup Alg. 2 and 3).
+
+    Parameters
+    ----------
+    n_groups: m, the number of groups.
+    clients_per_round: K, clients selected per round.
+    train: local training (default: 10 epochs, batch 10, lr 0.01, as the public code).
+    alpha: pre-training scale α (α·m clients in the group cold start).
+    pretrain_steps: mini-batch steps of a cold-start pre-training.
+    measure: ``"edc"``, ``"edc_matrix"`` or ``"madc"`` (:mod:`server.grouping.fedgroup`).
+    eta_g: inter-group learning rate η_g (0: pluralistic, no inter-group aggregation).
+    warmup: client selection warm-up, ``"round_robin"`` or ``"none"``.
+    eta_g_form: ``"convex"`` (default, the published code; reproduces the paper's η_g
+        results) or ``"literal"`` (Eq. 20 as printed; norms grow for η_g > 1).
+    """
+
     summary = "FedGroup: EDC cold start, per-group FedAvg, newcomer assignment (Duan et al. 2021)"
     name = "fedgroup"
 
@@ -53,12 +76,18 @@ class FedGroup(GroupModelStrategy):
         measure: str = "edc",
         eta_g: float = 0.0,
         warmup: str = "round_robin",
+        eta_g_form: IntergroupForm = "convex",
     ) -> None:
         super().__init__(n_groups, clients_per_round, train or TrainConfig(epochs=10, batch_size=10, lr=0.01), warmup)
         if measure not in MEASURES:
             raise StrategyError(f"unknown measure {measure!r}; choose one of {', '.join(MEASURES)}")
         if alpha < 1 or pretrain_steps < 1:
             raise StrategyError("alpha and pretrain_steps must be at least 1")
+        if not (eta_g >= 0 and np.isfinite(eta_g)):
+            raise StrategyError(f"eta_g must be a non-negative number, got {eta_g!r}")
+        if eta_g_form not in INTERGROUP_FORMS:
+            raise StrategyError(f"eta_g_form must be one of {', '.join(INTERGROUP_FORMS)}, got {eta_g_form!r}")
+        self.eta_g_form: IntergroupForm = eta_g_form
         self.alpha, self.pretrain_steps, self.measure, self.eta_g = alpha, pretrain_steps, measure, eta_g
         self.directions: np.ndarray | None = None
         self.initial_weights: np.ndarray | None = None
@@ -117,7 +146,7 @@ class FedGroup(GroupModelStrategy):
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
         self.fedavg_groups(results)
-        self.group_models = intergroup_aggregate(self.group_models, self.eta_g)
+        self.group_models = intergroup_aggregate(self.group_models, self.eta_g, convex=self.eta_g_form == "convex")
         self.refresh_global()
         return RoundSummary(
             rnd,
