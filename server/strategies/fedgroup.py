@@ -16,9 +16,10 @@ model's norm each round, so with η_g > 1 the models grow without bound; the pap
 η_g = 0.1 and η_g = 5.0 columns (FlexCFL Tables 3 and 4) came from the published code,
 so only the convex form can reproduce them. With the default η_g = 0 the two agree.
 
-FlexCFL adds client migration: before planning, every selected warm client whose
-label histogram moved by more than Eq. (9)'s threshold since it was grouped is
-cold-started again against the groups' cold-start directions.
+FlexCFL adds client migration (FlexCFL Alg. 2 lines 4-7): before each round's
+selection, *every* warm (already cold-started) client whose label histogram moved by
+more than Eq. (9)'s threshold since it was grouped is cold-started again against the
+groups' cold-start directions, whether or not it is selected this round.
 
 Unlike the public code, clients are scored with their group's *current* model.
 """
@@ -119,29 +120,36 @@ class FedGroup(GroupModelStrategy):
             self.assignment[c] = int(g)
             self.grouped_counts[c] = counts[c]
 
-    def _client_cold_start(self, clients: Sequence[str], ctx: RoundContext) -> None:
+    def _client_cold_start(self, clients: Sequence[str], ctx: RoundContext) -> list[str]:
+        """Pre-train ``clients`` from the initial model and (re)assign each by Eq. 9; return
+        those that answered. One that did not answer keeps its state (cold, or its old
+        group and grouped label counts) and is tried again in a later round."""
         if not clients:
-            return
+            return []
         assert self.initial_weights is not None and self.directions is not None
         updates = ctx.pretrain(list(clients), self.initial_weights, self.pretrain_steps)
-        counts = ctx.class_counts(list(clients))
-        for c in clients:
-            if c in updates:  # a client that did not answer stays cold and is tried again later
-                self.assignment[c] = assign_newcomer(updates[c], self.directions)
+        answered = [c for c in clients if c in updates]
+        counts = ctx.class_counts(answered) if answered else {}
+        for c in answered:
+            self.assignment[c] = assign_newcomer(updates[c], self.directions)
             self.grouped_counts[c] = counts[c]
+        return answered
 
-    def _migrate(self, chosen: Sequence[str], ctx: RoundContext) -> list[str]:
+    def _migrate(self, ctx: RoundContext) -> list[str]:
+        """Warm clients to cold-start again before this round (none in FedGroup)."""
         return []
 
     # -- round ---------------------------------------------------------------------
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         if self.directions is None:
             self._group_cold_start(ctx)
+        moved = self._migrate(ctx)  # FlexCFL Alg. 2 lines 4-7: every warm client, before selection
         chosen = self.sampler.select(rnd, list(self.clients), self.rng)
-        moved = self._migrate(chosen, ctx)
         cold = [c for c in chosen if c not in self.assignment]
-        self._client_cold_start(cold + moved, ctx)
-        self._last_cold, self._last_moved = len(cold), len(moved)
+        done = set(self._client_cold_start(cold + moved, ctx))
+        migrated = [c for c in moved if c in done]
+        self.migrations += len(migrated)
+        self._last_cold, self._last_moved = len(cold), len(migrated)
         return self.parallel_plan(rnd, chosen)
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
@@ -174,13 +182,14 @@ class FlexCFL(FedGroup):
         super().__init__(**kwargs)
         self.migrate, self.shift_fraction = migrate, shift_fraction
 
-    def _migrate(self, chosen: Sequence[str], ctx: RoundContext) -> list[str]:
+    def _migrate(self, ctx: RoundContext) -> list[str]:
+        """Every warm (already cold-started) client whose label counts moved by more than
+        Eq. (9)'s threshold since it was grouped, selected this round or not (Alg. 2
+        lines 4-7)."""
         if not self.migrate:
             return []
-        warm = [c for c in chosen if c in self.assignment]
+        warm = sorted(c for c in self.assignment if c in self.grouped_counts)
         if not warm:
             return []
         now = ctx.class_counts(warm)
-        moved = [c for c in warm if needs_migration(self.grouped_counts[c], now[c], self.shift_fraction)]
-        self.migrations += len(moved)
-        return moved
+        return [c for c in warm if c in now and needs_migration(self.grouped_counts[c], now[c], self.shift_fraction)]

@@ -8,7 +8,7 @@ import pytest
 from server.errors import StrategyError
 from server.strategies.base import RoundPlan
 from server.strategies.fedgroup import FedGroup, FedGrouProx, FlexCFL
-from tests.server.strategies.fakes import info
+from tests.server.strategies.fakes import FakeContext, info, play_round
 
 
 def _with_group_models(strategy: FedGroup, models: list[np.ndarray]) -> FedGroup:
@@ -67,3 +67,47 @@ def test_literal_equation_20_grows_without_bound() -> None:
 def test_unknown_intergroup_form_is_refused() -> None:
     with pytest.raises(StrategyError, match="eta_g_form"):
         FedGroup(eta_g_form="paper")  # type: ignore[arg-type]
+
+
+IDS = [f"c{i}" for i in range(6)]
+DIRECTION = {"A": np.array([1.0, 0.1, 0.0, 0.0]), "B": np.array([0.0, 0.1, 1.0, 0.0])}
+
+
+def _flexcfl_with_everyone_warm() -> tuple[FlexCFL, FakeContext]:
+    """Six clients, three with update direction A and three with B, all cold-started in round 1."""
+    rng = np.random.default_rng(1)
+    updates = {c: DIRECTION["A" if i < 3 else "B"] + rng.normal(0, 0.01, 4) for i, c in enumerate(IDS)}
+    ctx = FakeContext({c: np.array([50.0, 50.0, 0.0, 0.0]) for c in IDS}, updates)
+    strategy = FlexCFL(n_groups=2, clients_per_round=2, alpha=3, pretrain_steps=1, warmup="none")
+    strategy.setup(ctx.clients(), np.full(4, 0.5, np.float32), np.random.default_rng(0))
+    play_round(strategy, 1, ctx, lambda c, w: w + 0.01)
+    return strategy, ctx
+
+
+def test_flexcfl_migrates_every_shifted_warm_client_selected_or_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: everyone warm; c0 and c1 (direction A) now hold different labels and
+    # would pre-train towards B; round 2 selects only c5, which did not change
+    strategy, ctx = _flexcfl_with_everyone_warm()
+    assert set(strategy.assignment) == set(IDS)
+    before = dict(strategy.assignment)
+    for c in ("c0", "c1"):
+        ctx.counts[c] = np.array([0.0, 50.0, 50.0, 0.0])
+        ctx.updates[c] = DIRECTION["B"]
+    monkeypatch.setattr(strategy.sampler, "select", lambda rnd, ids, rng: ["c5"])
+    ctx.count_calls.clear()
+
+    # Execute
+    plan, extra = play_round(strategy, 2, ctx, lambda c, w: w + 0.01)
+
+    # Assert: Alg. 2 lines 4-7 check all warm clients before selection (line 8) and
+    # re-cold-start each one that moved, although neither was selected
+    assert plan.participants == ["c5"]
+    assert sorted(IDS) in [sorted(call) for call in ctx.count_calls]
+    assert extra["migrated"] == 2.0 and strategy.migrations == 2
+    for c in ("c0", "c1"):
+        assert strategy.assignment[c] == before["c5"] != before[c]
+    np.testing.assert_array_equal(strategy.grouped_counts["c0"], [0.0, 50.0, 50.0, 0.0])
+
+    # and a third round sees nothing new to migrate
+    _, extra = play_round(strategy, 3, ctx, lambda c, w: w + 0.01)
+    assert extra["migrated"] == 0.0
