@@ -5,6 +5,10 @@
 * ``naivegsp``: random groups of a fixed number β, chains (Astraea-style).
 * ``naivegsp_icg``: ICG groups of a fixed number β, chains.
 
+``icg_draw`` picks ICG's draw of one client per cluster into each group (FedGSP
+Alg. 2 line 6): ``"balanced"`` (default, covey's min-cost placement) or ``"random"``
+(the paper's random draw); see :mod:`server.grouping.icg`.
+
 Every round the chain order inside each group is freshly shuffled. Aggregation is the
 sample-weighted mean of the chains that trained (``weighted=False``: plain mean);
 see :mod:`server.grouping.stp` for why this departs from Alg. 1 line 14.
@@ -18,7 +22,7 @@ import numpy as np
 
 from server.errors import StrategyError
 from server.grouping.baselines import random_groups
-from server.grouping.icg import icg_groups
+from server.grouping.icg import DRAWS, IcgDraw, icg_groups
 from server.grouping.stp import STPSchedule, aggregate_chains
 from server.metrics import pairwise_cpd
 from server.strategies.base import (
@@ -48,10 +52,14 @@ class FedGSP(Strategy):
         grow: bool = True,
         weighted: bool = True,
         icg_iterations: int = 10,
+        icg_draw: IcgDraw = "balanced",
     ) -> None:
         super().__init__(train or TrainConfig(epochs=1, batch_size=5, lr=0.01))
         if grouping not in ("icg", "random"):
             raise StrategyError(f"grouping must be 'icg' or 'random', got {grouping!r}")
+        if icg_draw not in DRAWS:
+            raise StrategyError(f"icg_draw must be one of {', '.join(DRAWS)}, got {icg_draw!r}")
+        self.icg_draw: IcgDraw = icg_draw
         self.schedule = STPSchedule(growth, alpha, beta, kappa)
         self.grouping, self.grow, self.weighted = grouping, grow, weighted
         self.icg_iterations = icg_iterations
@@ -67,7 +75,7 @@ class FedGSP(Strategy):
         k = self.n_groups(rnd)
         counts = np.array([self.clients[c].class_counts for c in ids], np.float64)
         if self.grouping == "icg":
-            idx, _, _ = icg_groups(counts, k, max_iter=self.icg_iterations, random_state=self.rng)
+            idx, _, _ = icg_groups(counts, k, max_iter=self.icg_iterations, draw=self.icg_draw, random_state=self.rng)
         else:
             idx = random_groups(len(ids), k, self.rng)
         self.last_cpd = float(np.median(pairwise_cpd(counts, idx))) if len(idx) > 1 else 0.0
@@ -112,6 +120,13 @@ class NaiveGSPICG(FedGSP):
     name = "naivegsp_icg"
 
     def __init__(
-        self, train: TrainConfig | None = None, beta: int = 10, kappa: float = 0.3, weighted: bool = True
+        self,
+        train: TrainConfig | None = None,
+        beta: int = 10,
+        kappa: float = 0.3,
+        weighted: bool = True,
+        icg_draw: IcgDraw = "balanced",
     ) -> None:
-        super().__init__(train, beta=beta, kappa=kappa, grouping="icg", grow=False, weighted=weighted)
+        super().__init__(
+            train, beta=beta, kappa=kappa, grouping="icg", grow=False, weighted=weighted, icg_draw=icg_draw
+        )
