@@ -68,6 +68,16 @@ def parallel_results(plan: RoundPlan, trained: Callable[[str, np.ndarray], np.nd
     return out
 
 
+def chain_results(plan: RoundPlan) -> list[GroupResult]:
+    """Every chain returns its start model plus 0.01 per member."""
+    out = []
+    for g in plan.groups:
+        members = tuple(MemberResult(c, 10, 1.0) for c in g.members)
+        final = (plan.models[g.start_model] + 0.01 * len(members)).astype(np.float32)
+        out.append(GroupResult(g.group_id, members, final))
+    return out
+
+
 def play_round(
     strategy: Strategy, rnd: int, ctx: FakeContext, trained: Callable[[str, np.ndarray], np.ndarray]
 ) -> tuple[RoundPlan, dict[str, float]]:
