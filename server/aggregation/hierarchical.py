@@ -1,4 +1,4 @@
-"""The hierarchical schedule of FedAvg-IC (Yoon et al., Eq. 4, Alg. 1) and HierFAVG.
+"""The hierarchical schedule of FedAvg-IC (Lee et al., Eq. 4, Alg. 1) and HierFAVG.
 
 Local SGD steps run on every node; every τ1 steps the group models are aggregated
 (sample-weighted inside each group); every τ1·τ2 steps the global model is

@@ -1,4 +1,4 @@
-"""FedAvg-IC node grouping (Yoon et al., "IID and communication-aware group FL",
+"""FedAvg-IC node grouping (Lee et al., "IID and communication-aware group FL",
 Sec. 5, Alg. 1 NODE_GROUPING, Eq. 10-12).
 
 k-medoids whose costs combine data and network:

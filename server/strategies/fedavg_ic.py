@@ -1,4 +1,4 @@
-"""FedAvg-IC (Yoon et al.) and HierFAVG (Liu et al. 2020): hierarchical FL with groups.
+"""FedAvg-IC (Lee et al.) and HierFAVG (Liu et al. 2020): hierarchical FL with groups.
 
 One covey round is τ1 local SGD steps on every participating node followed by a group
 aggregation (sample-weighted inside each group, Alg. 1 lines 6-9); every τ2-th
@@ -67,7 +67,7 @@ class FedAvgIC(GroupModelStrategy):
     max_steady_steps: the most iterations of Alg. 1 lines 19-21 (1, Sec. 6.1).
     """
 
-    summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Yoon et al.)"
+    summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Lee et al.)"
     name = "fedavg_ic"
 
     def __init__(
