@@ -1,4 +1,4 @@
-"""DSC aggregation weights (Zhang et al., "Dual-segment clustering", Eq. 2-4).
+"""DSC aggregation weights (Sun et al., "Dual-segment clustering", Eq. 2-4).
 
 Intra-group, Eq. (4): ``G_k = |D_k| e^{f(θ_k)} / sum_i |D_i| e^{f(θ_i)}`` with
 ``f(θ) = 1 - exp(-exp(-(θ - 1)))`` and ``θ_k`` the angle between client k's gradient

@@ -1,4 +1,4 @@
-"""DSC: Dual-Segment Clustering (Zhang et al., IEEE Wireless Commun. Letters, Sec. III).
+"""DSC: Dual-Segment Clustering (Sun et al., IEEE Wireless Commun. Letters, Sec. III).
 
 Two rounds of affinity propagation (AP, Eq. 9-11; scikit-learn's implementation):
 

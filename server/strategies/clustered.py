@@ -70,16 +70,16 @@ class GroupModelStrategy(Strategy):
         plans = tuple(GroupPlan(g, tuple(m), "parallel", f"group{g}") for g, m in sorted(by_group.items()))
         return RoundPlan(rnd, plans, models, self.train)
 
-    def fedavg_groups(self, results: Sequence[GroupResult]) -> list[int]:
-        """Replace each group's model by its members' sample-weighted mean; return the
-        groups that changed."""
+    def fedavg_groups(self, results: Sequence[GroupResult], *, weighted: bool = True) -> list[int]:
+        """Replace each group's model by its members' mean and return the groups that
+        changed: sample-weighted (FedAvg, the default) or, with ``weighted=False``, the
+        plain mean (IFCA's model averaging, Ghosh et al. 2020 Alg. 2)."""
         changed = []
         for r in results:
             members = returned([r])
             if members:
-                self.group_models[r.group_id] = weighted_average(
-                    [w for _, w in members], [m.n_samples for m, _ in members]
-                )
+                sizes = [m.n_samples for m, _ in members] if weighted else None
+                self.group_models[r.group_id] = weighted_average([w for _, w in members], sizes)
                 changed.append(r.group_id)
         return changed
 

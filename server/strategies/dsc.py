@@ -1,4 +1,4 @@
-"""DSC-FL (Zhang et al., dual-segment clustering): groups by link quality, then by
+"""DSC-FL (Sun et al., dual-segment clustering): groups by link quality, then by
 labels; intra-group aggregation weighted by gradient angle (Eq. 4), inter-group by data
 size (Eq. 3).
 
@@ -32,7 +32,7 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class DSC(GroupModelStrategy):
-    summary = "DSC: affinity propagation on SNR then labels; angle-weighted aggregation"
+    summary = "DSC: affinity propagation on SNR then labels; angle-weighted aggregation (Sun et al.)"
     name = "dsc"
 
     def __init__(

@@ -83,6 +83,16 @@ class FedAvg(Strategy):
 
 
 class FedProx(FedAvg):
+    """FedAvg whose clients minimise ``F_k(w) + μ/2 ||w - w_global||²`` (Li et al. 2020).
+
+    ``mu`` defaults to 0.01, a generic value: the FedProx authors say there is no μ that
+    suits every setting and suggest tuning it over {0.001, 0.01, 0.1, 0.5, 1}. For the
+    synthetic data sets, Synthetic(1,1) included, their repository (github.com/litian96/FedProx,
+    README) runs ``bash run_fedprox.sh synthetic_1_1 0 1``, i.e. μ = 1 (the script's third
+    argument; learning rate 0.01, 10 clients per round, batch 10, 20 local epochs, MCLR),
+    so use ``mu=1`` to reproduce their Synthetic results.
+    """
+
     summary = "FedProx: FedAvg with the proximal term mu/2 ||w - w_global||^2 (Li et al. 2020)"
     name = "fedprox"
 

@@ -1,16 +1,32 @@
-"""FedAvg-IC (Yoon et al.) and HierFAVG (Liu et al. 2020): hierarchical FL with groups.
+"""FedAvg-IC (Lee et al.) and HierFAVG (Liu et al. 2020): hierarchical FL with groups.
 
 One covey round is τ1 local SGD steps on every participating node followed by a group
-aggregation (sample-weighted inside each group); every τ2-th round ends with a global
-aggregation over all nodes, broadcast to every group (FedAvg-IC Eq. 4, Alg. 1).
+aggregation (sample-weighted inside each group, Alg. 1 lines 6-9); every τ2-th
+*grouped* round ends with a global aggregation over all nodes instead, broadcast to
+every group (Eq. 4, Alg. 1 lines 10-12). The defaults are the paper's experiments,
+(τ1, τ2) = (1, 5) (Sec. 6.1, Table 4).
 
 FedAvg-IC starts ungrouped with τ1 = τ2 = 1 (Alg. 1 line 1): round 1 is one local
 pass and a global aggregation; its updates stand in for the local gradients
 (``∇F_i ≈ -(w_i - w)``), and NODE_GROUPING (:mod:`server.grouping.fedavg_ic`) groups the
 nodes by IID and communication cost over the context's distance matrix (measured RTT;
-without one only the IID cost counts, FedAvg-I). HierFAVG groups by network alone: the
-same k-medoids on the distance matrix with the IID weight set to zero, or a random
-partition when no distances are known.
+without one only the IID cost counts, FedAvg-I). Grouping happens once (line 13-14),
+with at most ``max_steady_steps`` iterations of lines 19-21: 1 by default, as in the
+paper's experiments ("the number of maximum steady steps was set to 1", Sec. 6.1).
+From then on (τ1, τ2) apply (line 15) and global aggregations are counted from the
+first grouped round: grouped round ``i`` (round 2 is grouped round 1) is global when
+``i mod τ2 = 0``. That is Alg. 1 line 10's ``(t - 1) mod τ1τ2 = 0``: grouped round
+``i`` ends at step ``t = 1 + i τ1``, after the one-step ungrouped start.
+
+HierFAVG groups by network alone, from round 1: the same k-medoids on the distance
+matrix with the IID weight set to zero, run to convergence by default since it stands
+in for the fixed network edges HierFAVG groups by, or a random partition when no
+distances are known.
+
+The output of both methods is the global model (Alg. 1: ``OUTPUT: w(T)``); group models
+are intermediate. Clients are therefore scored with the last global aggregate
+(:meth:`FedAvgIC.model_for`), so a "best accuracy over rounds" only ever picks a model
+the method actually outputs.
 """
 
 from __future__ import annotations
@@ -21,6 +37,7 @@ import numpy as np
 
 from server.aggregation.fedavg import weighted_average
 from server.aggregation.hierarchical import HierarchicalSchedule
+from server.errors import StrategyError
 from server.grouping.baselines import random_groups
 from server.grouping.fedavg_ic import fedavg_ic_groups
 from server.strategies.base import (
@@ -37,7 +54,20 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class FedAvgIC(GroupModelStrategy):
-    summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Yoon et al.)"
+    """FedAvg-IC (Alg. 1).
+
+    Parameters
+    ----------
+    n_groups: |K|, the number of node groups.
+    clients_per_round: nodes per round; ``None`` (default): every node, as in Alg. 1.
+    train: local training settings; a grouped round runs ``tau1`` SGD steps.
+    tau1, tau2: local steps per group aggregation, group aggregations per global one
+        (defaults (1, 5), Sec. 6.1).
+    alpha_iid, alpha_comm: weights of the IID and communication costs (Eq. 12).
+    max_steady_steps: the most iterations of Alg. 1 lines 19-21 (1, Sec. 6.1).
+    """
+
+    summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Lee et al.)"
     name = "fedavg_ic"
 
     def __init__(
@@ -45,15 +75,20 @@ class FedAvgIC(GroupModelStrategy):
         n_groups: int = 5,
         clients_per_round: int | None = None,
         train: TrainConfig | None = None,
-        tau1: int = 10,
-        tau2: int = 2,
+        tau1: int = 1,
+        tau2: int = 5,
         alpha_iid: float = 1.0,
         alpha_comm: float = 1.0,
+        max_steady_steps: int = 1,
     ) -> None:
         super().__init__(n_groups, clients_per_round or 1, train, "none")
+        if isinstance(max_steady_steps, bool) or not isinstance(max_steady_steps, int) or max_steady_steps < 1:
+            raise StrategyError(f"max_steady_steps must be a positive integer, got {max_steady_steps!r}")
         self.all_clients = clients_per_round is None
         self.schedule = HierarchicalSchedule(tau1, tau2)
         self.alpha_iid, self.alpha_comm = alpha_iid, alpha_comm
+        self.max_steady_steps = max_steady_steps
+        self.first_grouped_round: int | None = None
         self._first_updates: dict[str, np.ndarray] = {}
 
     def min_clients(self) -> int:
@@ -91,6 +126,7 @@ class FedAvgIC(GroupModelStrategy):
             k,
             alpha_iid=self.alpha_iid,
             alpha_comm=self.alpha_comm if has_dist else 0.0,
+            max_iter=self.max_steady_steps,
             random_state=self.rng,
         )
         self._set_groups(ids, res.labels)
@@ -99,6 +135,11 @@ class FedAvgIC(GroupModelStrategy):
         assert self.global_weights is not None
         self.assignment = {c: int(g) for c, g in zip(ids, labels, strict=True)}
         self.group_models = [self.global_weights.copy() for _ in range(int(labels.max()) + 1)]
+
+    def model_for(self, client_id: str) -> np.ndarray:
+        """The last global aggregate: the method's output (Alg. 1), never a group model."""
+        assert self.global_weights is not None
+        return self.global_weights
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         assert self.global_weights is not None
@@ -109,6 +150,8 @@ class FedAvgIC(GroupModelStrategy):
             return RoundPlan(
                 rnd, (GroupPlan(0, tuple(chosen), "parallel", "global"),), {"global": self.global_weights}, self.train
             )
+        if self.first_grouped_round is None:
+            self.first_grouped_round = rnd
         plan = self.parallel_plan(rnd, chosen)
         return RoundPlan(plan.round, plan.groups, plan.models, self._train_config())
 
@@ -122,7 +165,8 @@ class FedAvgIC(GroupModelStrategy):
             self.global_weights = weighted_average(models, sizes)
             return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results), {"global_aggregation": 1.0})
         self.fedavg_groups(results)
-        is_global = self.schedule.is_global_round(rnd)
+        first = rnd if self.first_grouped_round is None else self.first_grouped_round
+        is_global = self.schedule.is_global_round(rnd - first + 1)
         if is_global and members:
             self.global_weights = weighted_average(models, sizes)
             self.group_models = [self.global_weights.copy() for _ in self.group_models]
@@ -136,6 +180,12 @@ class FedAvgIC(GroupModelStrategy):
 
 
 class HierFAVG(FedAvgIC):
+    """HierFAVG: FedAvg-IC's schedule over groups formed by network distance alone.
+
+    ``max_steady_steps`` defaults to 50: the k-medoids on distances stands in for the
+    network edges HierFAVG groups by, so it runs to convergence.
+    """
+
     summary = "HierFAVG: groups by network edge / RTT, τ1/τ2 hierarchy (Liu et al. 2020)"
     name = "hierfavg"
 
@@ -144,7 +194,17 @@ class HierFAVG(FedAvgIC):
         n_groups: int = 5,
         clients_per_round: int | None = None,
         train: TrainConfig | None = None,
-        tau1: int = 10,
-        tau2: int = 2,
+        tau1: int = 1,
+        tau2: int = 5,
+        max_steady_steps: int = 50,
     ) -> None:
-        super().__init__(n_groups, clients_per_round, train, tau1, tau2, alpha_iid=0.0, alpha_comm=1.0)
+        super().__init__(
+            n_groups,
+            clients_per_round,
+            train,
+            tau1,
+            tau2,
+            alpha_iid=0.0,
+            alpha_comm=1.0,
+            max_steady_steps=max_steady_steps,
+        )

@@ -1,11 +1,25 @@
 """FedGSP (Zeng et al. 2022) and its ablations NaiveGSP and NaiveGSP+ICG.
 
 * ``fedgsp``: ICG groups whose number grows with the round (STP: f(r) from Eq. 1-3),
-  κ of them train as sequential chains in parallel with each other (Alg. 1).
+  κ of them train as sequential chains in parallel with each other (Alg. 1). Dynamic:
+  the clients are regrouped and every chain order reshuffled each round (Sec. 3.1).
 * ``naivegsp``: random groups of a fixed number β, chains (Astraea-style).
 * ``naivegsp_icg``: ICG groups of a fixed number β, chains.
 
-Every round the chain order inside each group is freshly shuffled. Aggregation is the
+The two ablations are *static* (Sec. 4.1-4.2: clients "are randomly assigned to a
+fixed number of groups"; "the training mode of NaiveGSP+ICG is static, it may learn
+the client order"): their groups and each group's chain order are formed once, in the
+first round, and kept; which κ of the groups train is still drawn every round. A
+client registering later (:meth:`FedGSP.add_client`) is appended to the end of the
+chain of the smallest group; among equally small groups NaiveGSP takes the first and
+NaiveGSP+ICG the one whose class distribution the newcomer brings closest to the
+global one (the rule ICG uses for its leftover clients).
+
+``icg_draw`` picks ICG's draw of one client per cluster into each group (FedGSP
+Alg. 2 line 6): ``"balanced"`` (default, covey's min-cost placement) or ``"random"``
+(the paper's random draw); see :mod:`server.grouping.icg`.
+
+Aggregation is the
 sample-weighted mean of the chains that trained (``weighted=False``: plain mean);
 see :mod:`server.grouping.stp` for why this departs from Alg. 1 line 14.
 """
@@ -18,10 +32,11 @@ import numpy as np
 
 from server.errors import StrategyError
 from server.grouping.baselines import random_groups
-from server.grouping.icg import icg_groups
+from server.grouping.icg import DRAWS, IcgDraw, icg_groups
 from server.grouping.stp import STPSchedule, aggregate_chains
 from server.metrics import pairwise_cpd
 from server.strategies.base import (
+    ClientInfo,
     GroupPlan,
     GroupResult,
     RoundContext,
@@ -39,6 +54,7 @@ class FedGSP(Strategy):
     paper_train = TrainConfig(epochs=1, batch_size=5, lr=0.01)
     paper_settings = "FedGSP (Zeng et al. 2022) Sec. 5: batch 5, 1 local epoch, η = 0.01, κ = 0.3, LOG, α = 2, β = 10"
     paper_params = frozenset({"growth", "alpha", "beta", "kappa"})
+    static = False  # True: groups and chain orders are formed once and kept (the ablations)
 
     def __init__(
         self,
@@ -51,15 +67,20 @@ class FedGSP(Strategy):
         grow: bool = True,
         weighted: bool = True,
         icg_iterations: int = 10,
+        icg_draw: IcgDraw = "balanced",
     ) -> None:
         super().__init__(train)
         if grouping not in ("icg", "random"):
             raise StrategyError(f"grouping must be 'icg' or 'random', got {grouping!r}")
+        if icg_draw not in DRAWS:
+            raise StrategyError(f"icg_draw must be one of {', '.join(DRAWS)}, got {icg_draw!r}")
+        self.icg_draw: IcgDraw = icg_draw
         self.schedule = STPSchedule(growth, alpha, beta, kappa)
         self.grouping, self.grow, self.weighted = grouping, grow, weighted
         self.icg_iterations = icg_iterations
         self.last_groups: list[list[str]] = []
         self.last_cpd: float = float("nan")
+        self.fixed_groups: list[list[str]] = []  # static strategies: the chains, in order
 
     def n_groups(self, rnd: int) -> int:
         n = len(self.clients)
@@ -70,7 +91,7 @@ class FedGSP(Strategy):
         k = self.n_groups(rnd)
         counts = np.array([self.clients[c].class_counts for c in ids], np.float64)
         if self.grouping == "icg":
-            idx, _, _ = icg_groups(counts, k, max_iter=self.icg_iterations, random_state=self.rng)
+            idx, _, _ = icg_groups(counts, k, max_iter=self.icg_iterations, draw=self.icg_draw, random_state=self.rng)
         else:
             idx = random_groups(len(ids), k, self.rng)
         self.last_cpd = float(np.median(pairwise_cpd(counts, idx))) if len(idx) > 1 else 0.0
@@ -78,13 +99,40 @@ class FedGSP(Strategy):
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         assert self.global_weights is not None
-        groups = self._groups(rnd)
-        sampled = self.schedule.sample_groups(len(groups), self.rng)
-        plans = tuple(
-            GroupPlan(int(g), tuple(self.rng.permutation(groups[g]).tolist()), "chain", "global") for g in sampled
-        )
+        if self.static:
+            if not self.fixed_groups:
+                self.fixed_groups = [[str(c) for c in self.rng.permutation(g)] for g in self._groups(rnd)]
+            sampled = self.schedule.sample_groups(len(self.fixed_groups), self.rng)
+            plans = tuple(GroupPlan(int(g), tuple(self.fixed_groups[g]), "chain", "global") for g in sampled)
+        else:
+            groups = self._groups(rnd)
+            sampled = self.schedule.sample_groups(len(groups), self.rng)
+            plans = tuple(
+                GroupPlan(int(g), tuple(self.rng.permutation(groups[g]).tolist()), "chain", "global") for g in sampled
+            )
         self.last_groups = [list(p.members) for p in plans]
         return RoundPlan(rnd, plans, {"global": self.global_weights}, self.train)
+
+    def add_client(self, client: ClientInfo) -> None:
+        """A newcomer. Dynamic FedGSP groups it from the next round on; a static strategy
+        appends it to the end of the smallest group's chain (see the module docstring)."""
+        super().add_client(client)
+        if self.static and self.fixed_groups and all(client.client_id not in g for g in self.fixed_groups):
+            self.fixed_groups[self._newcomer_group(client)].append(client.client_id)
+
+    def _newcomer_group(self, client: ClientInfo) -> int:
+        sizes = np.array([len(g) for g in self.fixed_groups])
+        smallest = np.flatnonzero(sizes == sizes.min())
+        if self.grouping != "icg" or len(smallest) == 1:
+            return int(smallest[0])
+        total = np.sum([c.class_counts for c in self.clients.values()], axis=0).astype(np.float64)
+        target = total / max(float(total.sum()), 1e-12)
+
+        def distance(g: int) -> float:
+            counts = np.sum([self.clients[c].class_counts for c in self.fixed_groups[g]], axis=0) + client.class_counts
+            return float((((counts / max(float(counts.sum()), 1e-12)) - target) ** 2).sum())
+
+        return min((int(g) for g in smallest), key=distance)
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
         done = [(r.final_weights, r.n_samples) for r in results if r.final_weights is not None and r.n_samples > 0]
@@ -103,6 +151,7 @@ class FedGSP(Strategy):
 class NaiveGSP(FedGSP):
     summary = "NaiveGSP: random fixed groups trained as chains (FedGSP ablation)"
     name = "naivegsp"
+    static = True
 
     def __init__(
         self, train: TrainConfig | None = None, beta: int = 10, kappa: float = 0.3, weighted: bool = True
@@ -113,8 +162,16 @@ class NaiveGSP(FedGSP):
 class NaiveGSPICG(FedGSP):
     summary = "NaiveGSP+ICG: fixed ICG groups trained as chains (FedGSP ablation)"
     name = "naivegsp_icg"
+    static = True
 
     def __init__(
-        self, train: TrainConfig | None = None, beta: int = 10, kappa: float = 0.3, weighted: bool = True
+        self,
+        train: TrainConfig | None = None,
+        beta: int = 10,
+        kappa: float = 0.3,
+        weighted: bool = True,
+        icg_draw: IcgDraw = "balanced",
     ) -> None:
-        super().__init__(train, beta=beta, kappa=kappa, grouping="icg", grow=False, weighted=weighted)
+        super().__init__(
+            train, beta=beta, kappa=kappa, grouping="icg", grow=False, weighted=weighted, icg_draw=icg_draw
+        )

@@ -1,7 +1,9 @@
 """IFCA (Ghosh et al., NeurIPS 2020): each selected client evaluates every group model
 on its training data and trains the one with the lowest loss; each group model is the
-sample-weighted mean of its trainers (model averaging variant). Group models start as
-distinct perturbations of the initial model."""
+plain mean of the models of the clients that chose it (Alg. 2, model averaging:
+``θ_j = Σ_i s_ij θ̃_i / Σ_i s_ij``, not weighted by sample counts); a group no selected
+client chose keeps its model. Group models start as distinct perturbations of the
+initial model."""
 
 from __future__ import annotations
 
@@ -43,6 +45,6 @@ class IFCA(GroupModelStrategy):
         self._assign(sorted(self.clients), ctx)
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
-        self.fedavg_groups(results)
+        self.fedavg_groups(results, weighted=False)
         self.refresh_global()
         return RoundSummary(rnd, self.n_groups, self.groups_as_lists(), mean_loss(results))

@@ -35,7 +35,7 @@ def _coordinator(broker, eval_data, tmp: Path, run: str, strategy) -> Coordinato
     [
         ("dsc", {"clients_per_round": 6}),
         ("fedgroup", {"n_groups": 2, "clients_per_round": 6, "alpha": 3, "pretrain_steps": 10}),
-        ("fedavg_ic", {"n_groups": 2, "tau1": 10}),
+        ("fedavg_ic", {"n_groups": 2, "tau1": 10, "tau2": 2}),  # round 3 ends with a global aggregation
         ("ifca", {"n_groups": 2, "clients_per_round": 6}),
     ],
 )

@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from device.data import Dataset
 from device.errors import ConfigError, DataError
-from server.simulation.datasets import SwapShift, leaf, mnist, mnist_arrays, partition, synthetic
+from server.simulation.datasets import ClientData, SwapShift, leaf, mnist, mnist_arrays, partition, synthetic
 
 
 def test_synthetic_follows_its_definition() -> None:
@@ -118,3 +119,67 @@ def test_swap_shift_moves_data_between_warm_clients() -> None:
     counts_before = {c: np.bincount(d.train.y, minlength=10) for c, d in part.items()}
     changed = SwapShift(probability=1.0, mode="part").apply(part, sorted(part), np.random.default_rng(0))
     assert any(not np.array_equal(np.bincount(part[c].train.y, minlength=10), counts_before[c]) for c in changed)
+
+
+def _client(labels: list[int], per_label: int = 4, test_per_label: int = 1) -> ClientData:
+    """A client with ``per_label`` train and ``test_per_label`` test samples of each label;
+    feature 0 holds the label, so samples can be followed."""
+
+    def part(n: int) -> Dataset:
+        y = np.repeat(np.array(labels, np.int64), n)
+        return Dataset(np.stack([y.astype(np.float32), np.arange(len(y), dtype=np.float32)], 1), y)
+
+    return ClientData(part(per_label), part(test_per_label))
+
+
+def test_swap_part_exchanges_a_label_only_a_holds_for_one_only_b_holds() -> None:
+    """FlexCFL Sec. 5.3: "we swap two unique labels of the local data of two random clients"."""
+    # Prepare: A holds labels 0, 1; B holds 1, 2; label 0 is A's alone, label 2 B's alone
+    fed = {"a": _client([0, 1], per_label=4), "b": _client([1, 2], per_label=6)}
+    a_label1 = fed["a"].train.x[fed["a"].train.y == 1].copy()
+
+    # Execute
+    changed = SwapShift(probability=1.0, mode="part").apply(fed, ["a", "b"], np.random.default_rng(0))
+
+    # Assert: A gave B all its label-0 samples, B gave A all its label-2 samples, in
+    # train and test; the shared label 1 stayed where it was
+    assert sorted(changed) == ["a", "b"]
+    assert np.bincount(fed["a"].train.y, minlength=3).tolist() == [0, 4, 6]
+    assert np.bincount(fed["b"].train.y, minlength=3).tolist() == [4, 6, 0]
+    assert np.bincount(fed["a"].test.y, minlength=3).tolist() == [0, 1, 1]
+    assert np.bincount(fed["b"].test.y, minlength=3).tolist() == [1, 1, 0]
+    np.testing.assert_array_equal(fed["a"].train.x[fed["a"].train.y == 1], a_label1)
+    assert (fed["a"].train.x[:, 0] == fed["a"].train.y).all()  # samples moved with their labels
+
+
+def test_swap_part_skips_a_pair_without_unique_labels_and_counts_it() -> None:
+    # Prepare: both clients hold the same labels, so neither has a label of its own
+    fed = {"a": _client([0, 1]), "b": _client([0, 1])}
+    before = {c: d.train.y.copy() for c, d in fed.items()}
+    shift = SwapShift(probability=1.0, mode="part")
+
+    # Execute
+    changed = shift.apply(fed, ["a", "b"], np.random.default_rng(0))
+
+    # Assert
+    assert changed == []
+    assert shift.skipped == 1
+    for c in fed:
+        np.testing.assert_array_equal(fed[c].train.y, before[c])
+
+
+@pytest.mark.parametrize("mode", ["all", "part"])
+def test_expected_fraction_of_clients_shifted_per_round_is_the_probability(mode: str) -> None:
+    """Over many seeded rounds the mean fraction of warm clients whose data changed is p
+    (the published code swaps about 5 % of the clients per round at p = 0.05)."""
+    # Prepare: 40 warm clients, each holding one label of its own (every pair can swap)
+    fed = {f"c{i:02d}": _client([i]) for i in range(40)}
+    shift, rng, p, rounds = SwapShift(probability=0.05, mode=mode), np.random.default_rng(7), 0.05, 2000
+
+    # Execute
+    fractions = [len(shift.apply(fed, sorted(fed), rng)) / len(fed) for _ in range(rounds)]
+
+    # Assert: the per-round fraction has sd sqrt(20 p (1 - p)) / 20 ≈ 0.049, so the mean
+    # of 2000 rounds has sd ≈ 0.0011; 0.005 is over four of them (2p would be 0.095)
+    assert np.mean(fractions) == pytest.approx(p, abs=0.005)
+    assert shift.skipped == 0

@@ -27,8 +27,8 @@ SETTINGS = {
     "flexcfl": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
     "ifca": {"n_groups": 3, "clients_per_round": 10},
     "fesem": {"n_groups": 3, "clients_per_round": 10},
-    "fedavg_ic": {"n_groups": 3, "tau1": 20},
-    "hierfavg": {"n_groups": 3, "tau1": 20},
+    "fedavg_ic": {"n_groups": 3, "tau1": 20, "tau2": 2},  # 8 rounds: several global aggregations
+    "hierfavg": {"n_groups": 3, "tau1": 20, "tau2": 2},
 }
 
 
