@@ -1,0 +1,110 @@
+"""A new user's mistakes with ``covey-device`` end in one line on stderr and exit status 2.
+
+Each test gives the agent a bad setting, on the command line or in its TOML file,
+and checks: exit status 2, exactly one line on stderr naming the bad value (and the
+file and key it came from) and what to do, no traceback, and no state folder
+written. Stopping an agent (SIGTERM, Ctrl-C) whose broker went away is not a
+mistake: it ends cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.cli import main
+from device.errors import DataError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    path = tmp_path / "train.npz"
+    np.savez(path, x=np.zeros((4, 60), np.float32), y=np.array([0, 1, 2, 3]))
+    return path
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse
+        code = int(exc.code or 0)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_one_line_error(code: int, out: str, err: str, *needles: str) -> str:
+    assert "Traceback" not in out + err, err
+    assert code == 2, (code, err)
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def agent_cli(*argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "device.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=timeout,
+    )
+
+
+def _config(tmp_path: Path, data: Path, extra: str) -> Path:
+    """A config that would reach a (closed) broker, with ``extra`` replacing or adding a line."""
+    lines = {"data": f'"{data}"', "broker": '"127.0.0.1:1"', "run": '"r"', "state_dir": f'"{tmp_path / "state"}"'}
+    key, _, value = extra.partition(" = ")
+    lines[key] = value
+    config = tmp_path / "agent.toml"
+    config.write_text("".join(f"{k} = {v}\n" for k, v in lines.items()))
+    return config
+
+
+# -- 8. data: mismatched x and y, unknown formats --------------------------------------------------
+def test_unknown_data_extension(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    odd = tmp_path / "train.parquet"
+    odd.write_bytes(b"PAR1")
+    argv = ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(odd), "--state-dir", str(tmp_path / "state")]
+    assert_one_line_error(*run_main(capsys, *argv), str(odd), "'.parquet'", ".json", ".npz", ".csv")
+    assert not (tmp_path / "state").exists()
+
+
+def _leaf(path: Path, users: dict[str, dict[str, list]]) -> Path:  # type: ignore[type-arg]
+    path.write_text(json.dumps({"users": list(users), "num_samples": [1] * len(users), "user_data": users}))
+    return path
+
+
+def test_leaf_x_and_y_lengths_differ(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from device.data import read_leaf
+
+    # 3 samples of 4 features but 2 labels: 12 values would reshape to 2 x 6 without a check
+    users = {"ok": {"x": [[0.0] * 4], "y": [1]}, "w7": {"x": [[0.0] * 4] * 3, "y": [1, 2]}}
+    file = _leaf(tmp_path / "train.json", users)
+    with pytest.raises(DataError) as info:
+        read_leaf(file)
+    message = str(info.value)
+    for needle in (str(file), "'w7'", "3", "2", "'x'", "'y'"):
+        assert needle in message, (needle, message)
+    argv = ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(file), "--user", "w7"]
+    assert_one_line_error(*run_main(capsys, *argv, "--state-dir", str(tmp_path / "state")), str(file), "'w7'")
+    assert not (tmp_path / "state").exists()
+
+
+def test_npz_x_and_y_lengths_differ(tmp_path: Path) -> None:
+    from device.data import read_dataset
+
+    path = tmp_path / "train.npz"
+    np.savez(path, x=np.zeros((5, 4), np.float32), y=np.array([0, 1]))
+    with pytest.raises(DataError, match=r"train\.npz.*5 samples.*2 labels"):
+        read_dataset(path)
