@@ -69,6 +69,7 @@ class MqttLink:
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
         self.dropped = 0
+        self._closed = False
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
             client_id=client_id,
@@ -144,6 +145,12 @@ class MqttLink:
         if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
             raise TransportError(f"publish to {topic} failed ({paho.error_string(info.rc)})")
         if wait is not None:
+            if info.rc == paho.MQTT_ERR_NO_CONN:
+                # paho queued it for the next connection but cannot report that ack
+                # (its is_published() raises RuntimeError): say so as covey's error.
+                raise TransportError(
+                    f"publish to {topic} not acknowledged: not connected to the broker at {self.host}:{self.port}"
+                )
             deadline = time.monotonic() + wait
             while not info.is_published():
                 if time.monotonic() > deadline:
@@ -161,7 +168,18 @@ class MqttLink:
         return self._connected.is_set()
 
     def close(self) -> None:
+        """Disconnect and stop the network thread. Never raises, in any state: never
+        connected, connection lost (broker gone, paho retrying), or already closed.
+        Stopping a device must always work; there is nothing left to do on failure."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._client.disconnect()
-        finally:
+        except Exception as exc:  # nothing to undo; the loop still has to stop
+            log.debug("%s: disconnect while closing: %s", self.client_id, exc)
+        try:
             self._client.loop_stop()
+        except Exception as exc:
+            log.debug("%s: stopping the network loop while closing: %s", self.client_id, exc)
+        self._connected.clear()

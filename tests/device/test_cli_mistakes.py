@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from device.cli import main
-from device.errors import DataError
+from device.errors import DataError, TransportError
+from device.mqtt import MqttLink
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -108,3 +111,79 @@ def test_npz_x_and_y_lengths_differ(tmp_path: Path) -> None:
     np.savez(path, x=np.zeros((5, 4), np.float32), y=np.array([0, 1]))
     with pytest.raises(DataError, match=r"train\.npz.*5 samples.*2 labels"):
         read_dataset(path)
+
+
+# -- 7. stopping when the broker is gone -----------------------------------------------------------
+@pytest.fixture
+def mosquitto():  # type: ignore[no-untyped-def]
+    from server.broker import start_mosquitto
+
+    with start_mosquitto() as handle:
+        yield handle
+
+
+@pytest.mark.broker
+def test_link_close_is_safe_in_every_state(mosquitto) -> None:  # type: ignore[no-untyped-def]
+    never = MqttLink("never-connected", "127.0.0.1", 1)
+    never.close()
+    never.close()
+
+    link = MqttLink("closes-after-broker", mosquitto.host, mosquitto.port)
+    link.connect(10)
+    link.publish("covey/t/x", b"1", wait=5)
+    mosquitto.stop()  # the broker goes away before close
+    deadline = time.monotonic() + 10
+    while link.connected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not link.connected
+    with pytest.raises(TransportError, match="not connected"):
+        link.publish("covey/t/x", b"offline", retain=True, wait=2.0)
+    link.close()
+    link.close()  # already closed
+    link.publish("covey/t/x", b"after close")  # queued, never raises
+
+
+def _agent_until_online(mosquitto, tmp_path: Path, data: Path) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+    from device.protocol import Topics
+
+    watcher = MqttLink("watcher", mosquitto.host, mosquitto.port, clean_session=True)
+    watcher.connect(10)
+    watcher.subscribe(Topics("r").status("d1"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "device.cli", "--broker", mosquitto.address, "--run", "r", "--id", "d1",
+         "--data", str(data), "--state-dir", str(tmp_path / "state"), "--threads", "1"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            item = watcher.receive(0.5)
+            if item is not None and item.payload == b"online":
+                return proc
+            assert proc.poll() is None, proc.communicate()
+        raise AssertionError("the agent did not come online")
+    finally:
+        watcher.close()
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize(("sig", "expected"), [(signal.SIGTERM, 0), (signal.SIGINT, 130)])
+def test_stopping_the_agent_after_the_broker_went_away(
+    mosquitto, tmp_path: Path, data: Path, sig: int, expected: int
+) -> None:  # type: ignore[no-untyped-def]
+    proc = _agent_until_online(mosquitto, tmp_path, data)
+    try:
+        mosquitto.stop()
+        time.sleep(1.5)  # the agent notices and starts reconnecting
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in out + err, err
+    assert "RuntimeError" not in err
+    assert proc.returncode == expected, err
