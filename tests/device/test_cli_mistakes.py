@@ -187,3 +187,112 @@ def test_stopping_the_agent_after_the_broker_went_away(
     assert "Traceback" not in out + err, err
     assert "RuntimeError" not in err
     assert proc.returncode == expected, err
+
+
+# -- 5. every setting's type and range, naming the flag or the file and key ------------------------
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        ('threads = "four"', ["threads", '"four"', "integer >= 1"]),
+        ("threads = 0", ["threads", "0", "integer >= 1"]),
+        ("threads = 2.5", ["threads", "2.5", "integer >= 1"]),
+        ("threads = true", ["threads", "true", "integer >= 1"]),
+        ('idle_timeout = "soon"', ["idle_timeout", '"soon"', "number of seconds > 0"]),
+        ("idle_timeout = 0", ["idle_timeout", "number of seconds > 0"]),
+        ("idle_timeout = -5.0", ["idle_timeout", "-5.0", "number of seconds > 0"]),
+        ('train_priority = "realtime"', ["train_priority", '"realtime"', "idle", "normal"]),
+        ("train_priority = 1", ["train_priority", "idle", "normal"]),
+        ("run = 5", ["run", "5", "string"]),
+        ('id = ""', ["id", "non-empty string"]),
+        ('id = "a/b"', ["id", '"a/b"', "printable"]),
+        ("username = 7", ["username", "string"]),
+        ('ca_certs = ["a.crt"]', ["ca_certs", "string"]),
+    ],
+)
+def test_config_values_are_checked(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], line: str, needles: list[str]
+) -> None:
+    config = _config(tmp_path, data, line)
+    line_out = assert_one_line_error(*run_main(capsys, "--config", str(config)), *needles)
+    assert str(config) in line_out
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("broker", "needles"),
+    [('"localhost"', ['"localhost"', "HOST:PORT"]), ("1883", ["1883", "HOST:PORT"]), ('"h:70000"', ["HOST:PORT"])],
+)
+def test_config_broker_is_checked(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], broker: str, needles: list[str]
+) -> None:
+    config = tmp_path / "agent.toml"
+    config.write_text(f'data = "{data}"\nbroker = {broker}\nrun = "r"\nstate_dir = "{tmp_path / "state"}"\n')
+    line = assert_one_line_error(*run_main(capsys, "--config", str(config)), "broker", *needles)
+    assert str(config) in line
+    assert not (tmp_path / "state").exists()
+
+
+def test_the_config_file_names_itself_in_a_subprocess(tmp_path: Path, data: Path) -> None:
+    config = _config(tmp_path, data, 'threads = "four"')
+    proc = agent_cli("--config", str(config))
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, str(config), "threads", '"four"')
+    config = _config(tmp_path, data, 'idle_timeout = "soon"')
+    proc = agent_cli("--config", str(config))
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, str(config), "idle_timeout", '"soon"')
+    assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--threads", "0"], ["--threads", "0", "integer >= 1"]),
+        (["--threads", "four"], ["--threads", "'four'", "covey-device --help"]),
+        (["--idle-timeout", "0"], ["--idle-timeout", "number of seconds > 0"]),
+        (["--idle-timeout", "-1"], ["--idle-timeout", "-1", "number of seconds > 0"]),
+        (["--idle-timeout", "nan"], ["--idle-timeout", "nan", "number of seconds > 0"]),
+        (["--idle-timeout", "soon"], ["--idle-timeout", "'soon'"]),
+        (["--train-priority", "realtime"], ["--train-priority", "'realtime'"]),
+        (["--broker", "localhost:0"], ["--broker", "HOST:PORT", "'localhost:0'"]),
+        (["--broker", "localhost:http"], ["--broker", "HOST:PORT"]),
+        (["--id", "a b"], ["'a b'", "printable"]),
+    ],
+)
+def test_flags_follow_the_same_rules(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], argv: list[str], needles: list[str]
+) -> None:
+    base = ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(data), "--state-dir", str(tmp_path / "state")]
+    assert_one_line_error(*run_main(capsys, *base, *argv), *needles)
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_flag_overrides_a_bad_config_value(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(tmp_path, data, "threads = 0")
+    # the flag wins, so the file's bad value is not used; the agent gets as far as the (absent) broker
+    code, out, err = run_main(capsys, "--config", str(config), "--threads", "2")
+    assert_one_line_error(code, out, err, "cannot reach the broker at 127.0.0.1:1")
+
+
+def test_missing_data_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nope" / "train.npz"
+    argv = ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(missing), "--state-dir", str(tmp_path / "state")]
+    assert_one_line_error(*run_main(capsys, *argv), "--data", str(missing), "does not exist")
+    argv[5] = str(tmp_path)  # a folder without LEAF files
+    assert_one_line_error(*run_main(capsys, *argv), str(tmp_path), ".json")
+    assert not (tmp_path / "state").exists()
+
+
+def test_missing_test_file_in_the_config(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = _config(tmp_path, data, f'test = "{tmp_path / "test.npz"}"')
+    line = assert_one_line_error(*run_main(capsys, "--config", str(config)), "test", "does not exist")
+    assert str(config) in line
+
+
+def test_bad_broker_and_missing_data_in_a_subprocess(tmp_path: Path, data: Path) -> None:
+    state = str(tmp_path / "state")
+    proc = agent_cli("--broker", "localhost", "--run", "r", "--data", str(data), "--state-dir", state)
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "--broker", "HOST:PORT", "'localhost'")
+    proc = agent_cli("--broker", "localhost:1883", "--run", "r", "--data", "/nope/x.npz", "--state-dir", state)
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "/nope/x.npz", "does not exist")
+    proc = agent_cli("--broker", "localhost:1883", "--run", "r", "--data", str(tmp_path / "x.h5"), "--state-dir", state)
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "x.h5")
+    assert not (tmp_path / "state").exists()
