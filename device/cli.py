@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from device.data import FORMATS
 from device.errors import ConfigError, CoveyError
-from device.mqtt import TlsFiles
+from device.mqtt import TlsFiles, check_tls_files
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -188,8 +188,14 @@ def _existing_path(s: Settings, key: str, what: str) -> Path | None:
 
 
 def _tls(s: Settings) -> TlsFiles | None:
-    ca = s.get("ca_certs")
-    return TlsFiles(ca, s.get("certfile"), s.get("keyfile")) if ca else None
+    """TLS is on when any TLS file is given (no CA file: the system's trusted CAs).
+    Every file is loaded here, so a bad one is named before anything connects."""
+    keys = ("ca_certs", "certfile", "keyfile")
+    if all(s.get(key) is None for key in keys):
+        return None
+    tls = TlsFiles(s.get("ca_certs"), s.get("certfile"), s.get("keyfile"))
+    check_tls_files(tls, {key: s.name(key) for key in keys})
+    return tls
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,8 +22,8 @@ import numpy as np
 import pytest
 
 from device.cli import main
-from device.errors import DataError, TransportError
-from device.mqtt import MqttLink
+from device.errors import ConfigError, DataError, TransportError
+from device.mqtt import MqttLink, TlsFiles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -296,3 +297,80 @@ def test_bad_broker_and_missing_data_in_a_subprocess(tmp_path: Path, data: Path)
     proc = agent_cli("--broker", "localhost:1883", "--run", "r", "--data", str(tmp_path / "x.h5"), "--state-dir", state)
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "x.h5")
     assert not (tmp_path / "state").exists()
+
+
+# -- 6. TLS files ----------------------------------------------------------------------------------
+def _openssl_pair(tmp_path: Path, name: str) -> tuple[Path, Path]:
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
+def _tls_argv(tmp_path: Path, data: Path, *tls: str) -> list[str]:
+    state = str(tmp_path / "state")
+    return ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(data), "--state-dir", state, *tls]
+
+
+def test_missing_ca_file_is_named(tmp_path: Path, data: Path) -> None:
+    proc = agent_cli(*_tls_argv(tmp_path, data, "--ca-certs", "/nope.crt"))
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "--ca-certs", "/nope.crt", "does not exist")
+    assert not (tmp_path / "state").exists()
+
+
+def test_garbage_ca_file_is_named(tmp_path: Path, data: Path) -> None:
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("not a certificate\n")
+    proc = agent_cli(*_tls_argv(tmp_path, data, "--ca-certs", str(garbage)))
+    assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "--ca-certs", str(garbage), "PEM")
+    assert not (tmp_path / "state").exists()
+
+
+def test_tls_files_checked_one_by_one(tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ca, ca_key = _openssl_pair(tmp_path, "ca")
+    cert, key = _openssl_pair(tmp_path, "client")
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n")
+    locked = tmp_path / "locked.key"
+    openssl = ["openssl", "pkey", "-in", str(key), "-aes256", "-passout", "pass:secret", "-out", str(locked)]
+    subprocess.run(openssl, check=True, capture_output=True)
+    cases = [
+        (["--ca-certs", str(tmp_path)], ["--ca-certs", str(tmp_path), "not a file"]),
+        (["--ca-certs", str(ca), "--certfile", str(garbage), "--keyfile", str(key)], ["--certfile", str(garbage)]),
+        (["--ca-certs", str(ca), "--certfile", str(cert), "--keyfile", str(garbage)], ["--keyfile", str(garbage)]),
+        (["--ca-certs", str(ca), "--certfile", str(cert), "--keyfile", str(ca_key)], [str(cert), str(ca_key), "match"]),
+        (["--ca-certs", str(ca), "--certfile", str(cert), "--keyfile", str(locked)], ["--keyfile", "passphrase"]),
+        (["--ca-certs", str(ca), "--keyfile", str(key)], ["--keyfile", "--certfile"]),
+        (["--ca-certs", str(ca), "--certfile", str(tmp_path / "no.crt")], ["--certfile", "no.crt", "does not exist"]),
+    ]
+    for tls, needles in cases:
+        assert_one_line_error(*run_main(capsys, *_tls_argv(tmp_path, data, *tls)), *needles)
+    assert not (tmp_path / "state").exists()
+    # good files pass the check: the agent then fails only on the (absent) broker
+    code, out, err = run_main(
+        capsys, *_tls_argv(tmp_path, data, "--ca-certs", str(ca), "--certfile", str(cert), "--keyfile", str(key))
+    )
+    assert_one_line_error(code, out, err, "cannot reach the broker")
+
+
+def test_tls_files_in_the_config_name_file_and_key(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, data, f'ca_certs = "{tmp_path / "ca.crt"}"')
+    line = assert_one_line_error(*run_main(capsys, "--config", str(config)), "ca_certs", "ca.crt", "does not exist")
+    assert str(config) in line
+
+
+def test_a_library_link_gets_the_same_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"/nope\.crt does not exist"):
+        MqttLink("lib", "127.0.0.1", 1, tls=TlsFiles(ca_certs="/nope.crt"))
+    garbage = tmp_path / "garbage.crt"
+    garbage.write_text("junk")
+    with pytest.raises(ConfigError, match=r"garbage\.crt"):
+        MqttLink("lib", "127.0.0.1", 1, tls=TlsFiles(ca_certs=str(garbage)))
