@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -39,6 +40,36 @@ CONFIG_KEYS = {
     "idle_timeout",
     "train_priority",
 }
+
+
+# A reader that closes our stdout early (``covey strategies | head -3``) is the reader's
+# choice, not a mistake: the command stops writing, quietly. It then exits with 141,
+# 128 + SIGPIPE, the status the shell reports for cat, grep or any C tool that a
+# closed pipe ends, so `set -o pipefail` scripts see covey as they see every other
+# tool: not an error of the user (that is 2), and not 0, because the output was cut.
+EXIT_BROKEN_PIPE = 141
+
+
+def quiet_on_broken_pipe(body: Callable[[], int]) -> int:
+    """Run a command's ``body``; when stdout's reader went away, stop without a word.
+
+    The standard recipe (Python docs, "Note on SIGPIPE"): point stdout at devnull so
+    that the interpreter's last flush does not fail again and print "Exception ignored".
+    stdout is flushed here, inside the guard, for output still in its buffer; a
+    ``SystemExit`` (``--help``) passes through the same flush.
+    """
+    try:
+        try:
+            return body()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a file descriptor (tests)
+            pass
+        return EXIT_BROKEN_PIPE
 
 
 class OneLineErrorParser(argparse.ArgumentParser):
@@ -199,6 +230,10 @@ def _tls(s: Settings) -> TlsFiles | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return quiet_on_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,

@@ -1,0 +1,71 @@
+"""A new user's mistakes with ``covey`` end in one line on stderr and exit status 2.
+
+Every test runs the real command (a subprocess from the repository root, so the
+checkout's code runs) and checks: exit status 2, exactly one line on stderr that
+names the bad value and what to do, no traceback anywhere, and no output written.
+A reader that closes covey's stdout is not a mistake: covey stops quietly.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **extra}
+
+
+def covey(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "covey.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=_env(),
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
+    """Exit status 2, one stderr line holding every needle, no traceback."""
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+# -- 1. a closed pipe ------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("command", "reader", "unbuffered"),
+    [
+        ("covey.cli strategies", "head -3", "1"),
+        ("covey.cli strategies", "head -c 0", "1"),  # the reader is gone before the first write
+        ("covey.cli strategies", "head -c 0", ""),  # block-buffered: the write happens at the final flush
+        ("covey.cli --help", "head -c 0", ""),
+        ("device.cli --help", "head -c 0", ""),
+    ],
+)
+def test_a_closed_pipe_ends_quietly(tmp_path: Path, command: str, reader: str, unbuffered: str) -> None:
+    err, status = tmp_path / "stderr", tmp_path / "status"
+    env = _env()
+    env.pop("PYTHONUNBUFFERED", None)
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
+    shell = f'"{sys.executable}" -m {command} 2>"{err}" | {reader} >/dev/null; echo "${{PIPESTATUS[0]}}" >"{status}"'
+    subprocess.run(shell, shell=True, executable="/bin/bash", cwd=REPO, env=env, timeout=120, check=True)
+    assert err.read_text() == ""
+    code = int(status.read_text())
+    if reader == "head -c 0":
+        assert code == 141  # 128 + SIGPIPE, what the shell reports for cat or grep in this spot
+    else:
+        assert code in (0, 141)  # 0 when head read everything before it left
