@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import sys
 from collections.abc import Sequence
@@ -357,9 +359,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     return quiet_on_broken_pipe(lambda: _main(argv))
 
 
+def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """argparse, with a usage mistake as one line: argparse's own error line (it names
+    the subcommand) and where the help is, without the usage block above it."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        lines = captured.getvalue().splitlines()
+        if exc.code == 2 and lines and ": error: " in lines[-1]:
+            prog = lines[-1].split(": error: ", 1)[0]
+            print(f"{lines[-1]} (see `{prog} --help`)", file=sys.stderr)
+        else:
+            sys.stderr.write(captured.getvalue())
+        raise
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse_args(parser, argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -69,3 +69,17 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path, command: str, reader: str, u
         assert code == 141  # 128 + SIGPIPE, what the shell reports for cat or grep in this spot
     else:
         assert code in (0, 141)  # 0 when head read everything before it left
+
+
+# -- usage mistakes argparse finds ---------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["demo", "--rounds", "ten"], ["--rounds", "'ten'", "`covey demo --help`"]),
+        (["demo", "--devices"], ["--devices", "expected one argument", "`covey demo --help`"]),
+        (["bogus"], ["'bogus'", "strategies", "`covey --help`"]),
+        (["server", "run"], ["--min-devices", "`covey server run --help`"]),
+    ],
+)
+def test_usage_mistakes_are_one_line(argv: list[str], needles: list[str]) -> None:
+    assert_one_line_error(covey(*argv), *needles)
