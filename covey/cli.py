@@ -377,6 +377,16 @@ def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> 
 
 
 def _main(argv: Sequence[str] | None) -> int:
+    rest = list(sys.argv[1:] if argv is None else argv)
+    verbose = False
+    while rest and rest[0] in ("-v", "--verbose"):
+        verbose, rest = True, rest[1:]
+    if rest[:2] == ["device", "run"]:
+        # argparse's REMAINDER refuses a first argument that looks like a flag, so
+        # `covey device run --data x` never reached the agent: hand it over as is.
+        from device.cli import main as device_main
+
+        return device_main(rest[2:] + (["-v"] if verbose else []))
     parser = build_parser()
     args = _parse_args(parser, argv)
     logging.basicConfig(

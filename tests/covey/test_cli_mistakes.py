@@ -79,7 +79,15 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path, command: str, reader: str, u
         (["demo", "--devices"], ["--devices", "expected one argument", "`covey demo --help`"]),
         (["bogus"], ["'bogus'", "strategies", "`covey --help`"]),
         (["server", "run"], ["--min-devices", "`covey server run --help`"]),
+        (["device", "run", "--threads", "four"], ["--threads", "'four'", "`covey-device --help`"]),
     ],
 )
 def test_usage_mistakes_are_one_line(argv: list[str], needles: list[str]) -> None:
     assert_one_line_error(covey(*argv), *needles)
+
+
+def test_device_run_hands_every_flag_to_the_agent(tmp_path: Path) -> None:
+    missing = tmp_path / "train.npz"
+    proc = covey("device", "run", "--broker", "127.0.0.1:1", "--run", "r", "--data", str(missing))
+    line = assert_one_line_error(proc, "--data", str(missing), "does not exist")
+    assert line.startswith("covey-device: error:")
