@@ -8,6 +8,7 @@ A reader that closes covey's stdout is not a mistake: covey stops quietly.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,3 +92,37 @@ def test_device_run_hands_every_flag_to_the_agent(tmp_path: Path) -> None:
     proc = covey("device", "run", "--broker", "127.0.0.1:1", "--run", "r", "--data", str(missing))
     line = assert_one_line_error(proc, "--data", str(missing), "does not exist")
     assert line.startswith("covey-device: error:")
+
+
+# -- 2. and 3. demo settings ------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["--rounds", "0"], ["--rounds", "0", ">= 1"]),
+        (["--rounds", "-3"], ["--rounds", "-3", ">= 1"]),
+        (["--devices", "100"], ["--devices", "100", "1 to 51", "51 writers"]),
+        (["--devices", "0"], ["--devices", "0", "1 to 51"]),
+        (["--broker", "localhost"], ["--broker", "HOST:PORT", "'localhost'"]),
+    ],
+)
+def test_demo_refuses_bad_settings_before_it_starts(tmp_path: Path, argv: list[str], needles: list[str]) -> None:
+    out = tmp_path / "demo"
+    proc = covey("demo", *argv, "--out", str(out), timeout=120)
+    assert_one_line_error(proc, *needles)
+    assert not out.exists()  # no broker, no agents, no output folder
+
+
+def test_demo_refuses_a_data_dir_without_enough_test_writers(tmp_path: Path) -> None:
+    data = tmp_path / "leaf"
+    (data / "train").mkdir(parents=True)
+    (data / "test").mkdir()
+    user = {"x": [[0.0] * 784], "y": [1]}
+    for split, users in (("train", ["w1", "w2"]), ("test", ["w1"])):
+        leaf = {"users": users, "num_samples": [1] * len(users), "user_data": {u: user for u in users}}
+        (data / split / "a.json").write_text(json.dumps(leaf))
+    out = tmp_path / "demo"
+    proc = covey("demo", "--devices", "3", "--data-dir", str(data), "--out", str(out), timeout=120)
+    assert_one_line_error(proc, "--devices", "1 to 2")
+    proc = covey("demo", "--devices", "2", "--data-dir", str(data), "--out", str(out), timeout=120)
+    assert_one_line_error(proc, "'w2'", "test")
+    assert not out.exists()
