@@ -198,7 +198,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     base = _simulation_config(args)
     names = [s for s in args.strategies.split(",") if s]
-    seeds = [int(s) for s in args.seeds.split(",") if s]
+    seeds = parse_seeds(args.seeds)
     out = Path(args.out)
     runs: dict[str, list[RunResult]] = {}
     for name in names:
@@ -225,6 +225,23 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     print(table)
     print(f"wrote {out / 'comparison.md'} and {out / 'comparison.png'}")
     return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``compare --seeds``: comma-separated integers >= 0, each once."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            rule = ">= 0" if part.lstrip("-").isdigit() else "comma-separated integers"
+            raise CoveyError(f"--seeds must be {rule}, e.g. --seeds 0,1,2; got {part!r} in {text!r}")
+        if int(part) in seeds:
+            raise CoveyError(f"--seeds names seed {int(part)} twice in {text!r}; give each seed once")
+        seeds.append(int(part))
+    if not seeds:
+        raise CoveyError(f"--seeds {text!r} holds no seed; give comma-separated integers, e.g. --seeds 0,1,2")
+    return seeds
 
 
 def _add_simulation_flags(p: argparse.ArgumentParser) -> None:

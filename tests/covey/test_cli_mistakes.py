@@ -126,3 +126,29 @@ def test_demo_refuses_a_data_dir_without_enough_test_writers(tmp_path: Path) -> 
     proc = covey("demo", "--devices", "2", "--data-dir", str(data), "--out", str(out), timeout=120)
     assert_one_line_error(proc, "'w2'", "test")
     assert not out.exists()
+
+
+# -- 4. compare --seeds ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("seeds", "needles"),
+    [
+        ("a,b", ["--seeds", "'a'", "comma-separated"]),
+        ("1,x", ["--seeds", "'x'"]),
+        ("1.5", ["--seeds", "'1.5'"]),
+        (",", ["--seeds", "no seed"]),
+        ("-1", ["--seeds", "'-1'", ">= 0"]),
+        ("0,1,0", ["--seeds", "0", "twice"]),
+    ],
+)
+def test_compare_refuses_bad_seeds_before_anything_runs(tmp_path: Path, seeds: str, needles: list[str]) -> None:
+    out = tmp_path / "cmp"
+    proc = covey("compare", "--strategies", "fedavg", "--rounds", "1", "--seeds", seeds, "--out", str(out))
+    assert_one_line_error(proc, *needles)
+    assert not out.exists()
+
+
+def test_compare_seeds_parse() -> None:
+    from covey.cli import parse_seeds
+
+    assert parse_seeds("0") == [0]
+    assert parse_seeds(" 3, 1 ,2,") == [3, 1, 2]
