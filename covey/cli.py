@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import logging
 import sys
 from collections.abc import Sequence
@@ -247,17 +249,6 @@ def parse_names(text: str) -> list[str]:
     return names
 
 
-def parse_seeds(text: str) -> list[int]:
-    """``--seeds 0,1,2``: non-negative integers, at least one."""
-    try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise CoveyError(f"--seeds must be comma-separated integers, e.g. --seeds 0,1,2 (got {text!r})") from None
-    if not seeds or any(s < 0 for s in seeds):
-        raise CoveyError(f"--seeds must be comma-separated integers >= 0, e.g. --seeds 0,1,2 (got {text!r})")
-    return seeds
-
-
 def _cmd_compare(args: argparse.Namespace) -> int:
     from server.simulation.run import RunResult, comparison_table, plot_results, prepare, run_simulation, write_result
 
@@ -313,6 +304,23 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     print("run one: covey simulate --preset NAME [--strategy S]")
     print("several: covey compare --preset NAME --strategies A,B,...")
     return 0
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``compare --seeds``: comma-separated integers >= 0, each once."""
+    seeds: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit():
+            rule = ">= 0" if part.lstrip("-").isdigit() else "comma-separated integers"
+            raise CoveyError(f"--seeds must be {rule}, e.g. --seeds 0,1,2; got {part!r} in {text!r}")
+        if int(part) in seeds:
+            raise CoveyError(f"--seeds names seed {int(part)} twice in {text!r}; give each seed once")
+        seeds.append(int(part))
+    if not seeds:
+        raise CoveyError(f"--seeds {text!r} holds no seed; give comma-separated integers, e.g. --seeds 0,1,2")
+    return seeds
 
 
 def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
@@ -454,8 +462,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from device.cli import quiet_on_broken_pipe
+
+    return quiet_on_broken_pipe(lambda: _main(argv))
+
+
+def _parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """argparse, with a usage mistake as one line: argparse's own error line (it names
+    the subcommand) and where the help is, without the usage block above it."""
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            return parser.parse_args(argv)
+    except SystemExit as exc:
+        lines = captured.getvalue().splitlines()
+        if exc.code == 2 and lines and ": error: " in lines[-1]:
+            prog = lines[-1].split(": error: ", 1)[0]
+            print(f"{lines[-1]} (see `{prog} --help`)", file=sys.stderr)
+        else:
+            sys.stderr.write(captured.getvalue())
+        raise
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    rest = list(sys.argv[1:] if argv is None else argv)
+    verbose = False
+    while rest and rest[0] in ("-v", "--verbose"):
+        verbose, rest = True, rest[1:]
+    if rest[:2] == ["device", "run"]:
+        # argparse's REMAINDER refuses a first argument that looks like a flag, so
+        # `covey device run --data x` never reached the agent: hand it over as is.
+        from device.cli import main as device_main
+
+        return device_main(rest[2:] + (["-v"] if verbose else []))
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = _parse_args(parser, argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -14,6 +14,46 @@ from pathlib import Path
 from device.errors import ConfigError
 
 
+def check_demo_options(
+    *, rounds: int, devices: int, out_dir: Path, data_dir: str | None, broker: str | None
+) -> tuple[Path, list[str], tuple[str, int] | None]:
+    """Every demo setting, before a broker, an agent or an output file exists.
+
+    Returns the LEAF folder, the writers the agents will hold (the first ``devices``
+    of its train split, in file order) and the broker address if one was given.
+    """
+    from covey.paths import femnist_dir
+    from device.cli import parse_broker
+    from device.data import read_leaf
+
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+    address = parse_broker(broker) if broker else None
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a folder for the plot, metrics and device logs")
+    if data_dir:
+        root = Path(data_dir)
+        if not (root / "train").is_dir() or not (root / "test").is_dir():
+            raise ConfigError(f"--data-dir {root} needs train/ and test/ folders of LEAF JSON")
+    else:
+        root = femnist_dir()
+    writers = list(read_leaf(root / "train"))
+    if not 1 <= devices <= len(writers):
+        raise ConfigError(
+            f"--devices must be 1 to {len(writers)} (one agent per writer; {root / 'train'} has "
+            f"{len(writers)} writers), got {devices}"
+        )
+    chosen = writers[:devices]
+    test_writers = set(read_leaf(root / "test"))
+    missing = [w for w in chosen if w not in test_writers]
+    if missing:
+        raise ConfigError(
+            f"writer {missing[0]!r} of {root / 'train'} has no test data in {root / 'test'}; "
+            "every agent's writer needs both"
+        )
+    return root, chosen, address
+
+
 def run_demo(
     *,
     model_name: str,
@@ -23,21 +63,20 @@ def run_demo(
     data_dir: str | None,
     broker: str | None,
 ) -> int:
-    from covey.paths import ensure_model, femnist_dir
+    from covey.paths import ensure_model
     from server.broker import start_embedded
-    from server.fleet import leaf_writers, start_fleet
+    from server.fleet import start_fleet
     from server.serve import ServeOptions, serve
 
     start = time.perf_counter()
-    root = Path(data_dir) if data_dir else femnist_dir()
+    root, writers, address = check_demo_options(
+        rounds=rounds, devices=devices, out_dir=out_dir, data_dir=data_dir, broker=broker
+    )
     print(f"building or loading the {model_name} model ...", flush=True)
     model_path = ensure_model(model_name)
     handle = None
-    if broker:
-        host, _, port_text = broker.rpartition(":")
-        if not host or not port_text.isdigit():
-            raise ConfigError(f"--broker must be HOST:PORT, got {broker!r}")
-        port = int(port_text)
+    if address is not None:
+        host, port = address
     else:
         handle = start_embedded()
         host, port = handle.host, handle.port
@@ -45,7 +84,6 @@ def run_demo(
     run = f"demo{int(time.time()) % 100000}"
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        writers = leaf_writers(root, devices)
         with start_fleet(
             root, writers, run=run, host=host, port=port, log_dir=out_dir / "device-logs", idle_timeout=300
         ):

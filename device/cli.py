@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
+from device.data import FORMATS
 from device.errors import ConfigError, CoveyError
-from device.mqtt import TlsFiles
+from device.mqtt import TlsFiles, check_tls_files
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -37,15 +42,59 @@ CONFIG_KEYS = {
 }
 
 
-def parse_broker(text: str) -> tuple[str, int]:
+# A reader that closes our stdout early (``covey strategies | head -3``) is the reader's
+# choice, not a mistake: the command stops writing, quietly. It then exits with 141,
+# 128 + SIGPIPE, the status the shell reports for cat, grep or any C tool that a
+# closed pipe ends, so `set -o pipefail` scripts see covey as they see every other
+# tool: not an error of the user (that is 2), and not 0, because the output was cut.
+EXIT_BROKEN_PIPE = 141
+
+
+def quiet_on_broken_pipe(body: Callable[[], int]) -> int:
+    """Run a command's ``body``; when stdout's reader went away, stop without a word.
+
+    The standard recipe (Python docs, "Note on SIGPIPE"): point stdout at devnull so
+    that the interpreter's last flush does not fail again and print "Exception ignored".
+    stdout is flushed here, inside the guard, for output still in its buffer; a
+    ``SystemExit`` (``--help``) passes through the same flush.
+    """
+    try:
+        try:
+            return body()
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):  # a stdout without a file descriptor (tests)
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line: what is wrong and where the help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _broker_address(text: str) -> tuple[str, int] | None:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--broker must be HOST:PORT, got {text!r}")
+        return None
     return host, int(port)
 
 
+def parse_broker(text: str) -> tuple[str, int]:
+    address = _broker_address(text)
+    if address is None:
+        raise ConfigError(f"--broker must be HOST:PORT with a port from 1 to 65535, got {text!r}")
+    return address
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="covey-device", description="Run a covey device agent.")
+    p = OneLineErrorParser(prog="covey-device", description="Run a covey device agent.")
     p.add_argument("--config", help="TOML file with any of the options below (flags override it)")
     p.add_argument("--broker", help="HOST:PORT of the MQTT broker (default: find the server with zeroconf)")
     p.add_argument("--run", help="run id (default: the one the server advertises)")
@@ -71,27 +120,120 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _settings(args: argparse.Namespace) -> dict[str, object]:
-    values: dict[str, object] = {}
+@dataclass(frozen=True)
+class Settings:
+    """The agent's settings, each checked for type and range (``check_settings``)."""
+
+    values: dict[str, Any]
+    where: dict[str, str]  # how the user gave each key: "--threads" or "agent.toml: threads"
+
+    def get(self, key: str) -> Any:
+        return self.values.get(key)
+
+    def name(self, key: str) -> str:
+        return self.where.get(key, "--" + key.replace("_", "-"))
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    values: dict[str, Any] = {}
+    where: dict[str, str] = {}
     if args.config:
         try:
             raw = tomllib.loads(Path(args.config).read_text())
         except FileNotFoundError:
             raise ConfigError(f"config file {args.config} not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read config file {args.config} ({exc}); give a readable TOML file") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{args.config} is not valid TOML: {exc}") from None
         unknown = set(raw) - CONFIG_KEYS
         if unknown:
             raise ConfigError(f"{args.config}: unknown key(s) {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
         values.update(raw)
+        where.update({key: f"{args.config}: {key}" for key in raw})
     for key in CONFIG_KEYS:
         flag = getattr(args, key, None)
         if flag is not None:
             values[key] = flag
-    return values
+            where[key] = "--" + key.replace("_", "-")
+    settings = Settings(values, where)
+    check_settings(settings)
+    return settings
+
+
+def _shown(value: Any, flag: bool) -> str:
+    """A value as the user wrote it: argv text for a flag, TOML for a config key."""
+    if flag:
+        return repr(value) if isinstance(value, str) else str(value)
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def check_settings(s: Settings) -> None:
+    """Every key's type and range, before anything is read, written or connected.
+    The error names the flag, or the config file and key, the value, and the rule."""
+    from device.protocol import check_id
+    from device.worker import PRIORITIES
+
+    def bad(key: str, rule: str) -> ConfigError:
+        where = s.name(key)
+        return ConfigError(f"{where} must be {rule}, got {_shown(s.get(key), where.startswith('--'))}")
+
+    for key in sorted(s.values):
+        value = s.get(key)
+        if key == "threads":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise bad(key, "an integer >= 1 (interpreter threads)")
+        elif key == "idle_timeout":
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise bad(key, "a number of seconds > 0")
+        elif key == "train_priority":
+            if value not in PRIORITIES:
+                raise ConfigError(
+                    f"{s.name(key)}: the training priority must be one of {', '.join(PRIORITIES)}, "
+                    f"got {_shown(value, False)}"
+                )
+        elif not isinstance(value, str):
+            raise bad(key, "a string" + (' "HOST:PORT"' if key == "broker" else ""))
+        elif not value and key != "password":
+            raise bad(key, "a non-empty string")
+        elif key == "broker" and _broker_address(value) is None:
+            raise bad(key, "HOST:PORT with a port from 1 to 65535, e.g. 192.168.1.10:1883")
+        elif key in ("id", "run"):
+            try:
+                check_id(value)
+            except CoveyError:
+                raise bad(key, "1-64 printable characters without '/', '+', '#' or spaces") from None
+
+
+def _existing_path(s: Settings, key: str, what: str) -> Path | None:
+    value = s.get(key)
+    if value is None:
+        return None
+    path = Path(value)
+    if not path.exists():
+        raise ConfigError(f"{s.name(key)} {path} does not exist; give {what}: {FORMATS}")
+    return path
+
+
+def _tls(s: Settings) -> TlsFiles | None:
+    """TLS is on when any TLS file is given (no CA file: the system's trusted CAs).
+    Every file is loaded here, so a bad one is named before anything connects."""
+    keys = ("ca_certs", "certfile", "keyfile")
+    if all(s.get(key) is None for key in keys):
+        return None
+    tls = TlsFiles(s.get("ca_certs"), s.get("certfile"), s.get("keyfile"))
+    check_tls_files(tls, {key: s.name(key) for key in keys})
+    return tls
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return quiet_on_broken_pipe(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -101,49 +243,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         from device.agent import Agent, AgentConfig, load_device_data
         from device.discovery import discover
 
+        # Everything is checked before the agent reads its data, writes its state
+        # folder or connects: a bad setting changes nothing on the board.
         s = _settings(args)
-
-        def opt(key: str) -> str | None:
-            value = s.get(key)
-            return None if value is None else str(value)
-
-        data = opt("data")
+        data = _existing_path(s, "data", "the device's training data")
         if data is None:
             raise ConfigError("--data is required: the device's local training data")
-        broker, run = opt("broker"), opt("run")
+        test = _existing_path(s, "test", "the device's test data")
+        broker, run = s.get("broker"), s.get("run")
+        if broker is not None and not run:
+            raise ConfigError("--run is required with --broker")
+        tls = _tls(s)
+        device_id = s.get("id") or socket.gethostname()
+        state_dir = Path(s.get("state_dir") or Path.home() / ".covey" / "device" / device_id)
+        if state_dir.exists() and not state_dir.is_dir():
+            raise ConfigError(f"{s.name('state_dir')} {state_dir} is a file; give a folder for the agent's state")
+        train, test_data = load_device_data(data, s.get("user"), test)
         if broker is not None:
             host, port = parse_broker(broker)
-            if not run:
-                raise ConfigError("--run is required with --broker")
         else:
             host, port, run = discover(run)
-        device_id = opt("id") or socket.gethostname()
-        state_dir = Path(opt("state_dir") or Path.home() / ".covey" / "device" / device_id)
-        test = opt("test")
-        train, test_data = load_device_data(Path(data), opt("user"), Path(test) if test else None)
-        ca = opt("ca_certs")
-        tls = TlsFiles(ca, opt("certfile"), opt("keyfile")) if ca else None
-        threads = int(str(s["threads"])) if s.get("threads") is not None else None
         config = AgentConfig(
             device_id,
             run,
             host,
             port,
             state_dir,
-            opt("username"),
-            opt("password"),
+            s.get("username"),
+            s.get("password"),
             tls,
-            threads=threads,
-            train_priority=opt("train_priority") or "idle",
+            threads=s.get("threads"),
+            train_priority=s.get("train_priority") or "idle",
         )
-        agent = Agent(config, train, test_data)
-        idle = float(str(s["idle_timeout"])) if s.get("idle_timeout") is not None else None
-        signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
-        agent.start()
         try:
-            agent.run_forever(idle_timeout=idle)
+            agent = Agent(config, train, test_data)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot use {state_dir} as the agent's state folder ({exc.strerror or exc}); "
+                f"give another with {s.name('state_dir')}"
+            ) from None
+        signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
+        try:
+            agent.start()
+            agent.run_forever(idle_timeout=s.get("idle_timeout"))
         finally:
-            agent.close()
+            agent.close()  # never raises, broker or not (device/mqtt.py)
         return 0
     except CoveyError as exc:
         print(f"covey-device: error: {exc}", file=sys.stderr)

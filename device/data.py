@@ -27,6 +27,8 @@ import numpy as np
 
 from device.errors import DataError
 
+FORMATS = "a LEAF .json file or folder, an .npz with arrays x and y, or a .csv with the label first"
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -74,6 +76,11 @@ def _leaf_user(name: str, record: Any, where: str) -> Dataset:
         raise DataError(f"{where}: user {name!r}: 'x' must be a list of samples")
     if y.ndim != 1 or (len(y) and not np.issubdtype(y.dtype, np.integer)):
         raise DataError(f"{where}: user {name!r}: 'y' must be a list of integer labels")
+    if len(x) != len(y):  # checked before the reshape, which could otherwise regroup the values
+        raise DataError(
+            f"{where}: user {name!r} has {len(x)} samples in 'x' but {len(y)} labels in 'y'; "
+            "every sample needs exactly one label"
+        )
     return Dataset(x.reshape(len(y), -1) if len(y) else x.reshape(0, 0), y.astype(np.int64))
 
 
@@ -120,6 +127,12 @@ def read_npz(path: Path | str) -> Dataset:
         raise DataError(f"{path} is not a readable .npz file ({exc})") from None
     if not np.issubdtype(y.dtype, np.integer):
         raise DataError(f"{path}: labels 'y' have dtype {y.dtype}; integers expected")
+    if x.ndim == 0 or y.ndim != 1 or x.shape[0] != y.shape[0]:
+        n_x = x.shape[0] if x.ndim else 0
+        raise DataError(
+            f"{path}: 'x' holds {n_x} samples but 'y' holds {y.size} labels; "
+            "'x' needs one row per sample and 'y' one integer label per row"
+        )
     return Dataset(np.asarray(x, np.float32), y.astype(np.int64))
 
 
@@ -151,10 +164,13 @@ def read_dataset(path: Path | str, user: str | None = None) -> Dataset:
     """Read one client's data from a LEAF file/folder (``user`` picks the writer),
     an ``.npz`` or a ``.csv`` file."""
     path = Path(path)
-    if path.suffix == ".npz":
+    suffix = path.suffix.lower()
+    if suffix == ".npz":
         return read_npz(path)
-    if path.suffix == ".csv":
+    if suffix == ".csv":
         return read_csv(path)
+    if path.is_file() and suffix != ".json":
+        raise DataError(f"{path}: unknown data format {path.suffix or '(no extension)'!r}; give {FORMATS}")
     users = read_leaf(path)
     if user is None:
         if len(users) != 1:

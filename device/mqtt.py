@@ -11,14 +11,16 @@ subscriptions are renewed on every connect.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 
 import paho.mqtt.client as paho
 
-from device.errors import TransportError
+from device.errors import ConfigError, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +34,78 @@ class Incoming:
 
 @dataclass(frozen=True)
 class TlsFiles:
+    """TLS files: the broker's CA bundle (``None``: the system's trusted CAs) and an
+    optional client certificate with its private key (the key may sit in ``certfile``)."""
+
     ca_certs: str | None = None
     certfile: str | None = None
     keyfile: str | None = None
+
+
+def _readable_file(path: str, name: str) -> None:
+    """``path`` is a file this process can read, else ConfigError naming ``name``."""
+    if not os.path.exists(path):
+        raise ConfigError(f"{name} {path} does not exist; give the path of a PEM file")
+    if not os.path.isfile(path):
+        raise ConfigError(f"{name} {path} is not a file; give the path of a PEM file")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"{name} {path} cannot be read ({exc.strerror}); check its permissions") from None
+
+
+def check_tls_files(tls: TlsFiles, names: dict[str, str] | None = None) -> None:
+    """Load the TLS files the way the connection will, before anything connects.
+
+    Raises :class:`ConfigError` naming the file (``names`` maps each field to what the
+    user called it: a flag, or a config file and key) and what to do. A key protected
+    by a passphrase is refused: an unattended agent has nobody to type it.
+    """
+    names = {"ca_certs": "ca_certs", "certfile": "certfile", "keyfile": "keyfile", **(names or {})}
+    if tls.keyfile and not tls.certfile:
+        raise ConfigError(f"{names['keyfile']} needs {names['certfile']}: give the client certificate too")
+    for field in ("ca_certs", "certfile", "keyfile"):
+        path = getattr(tls, field)
+        if path is not None:
+            _readable_file(path, names[field])
+    try:
+        context = ssl.create_default_context(cafile=tls.ca_certs)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"{names['ca_certs']} {tls.ca_certs} holds no PEM certificate OpenSSL can load ({exc.reason or exc}); "
+            "give the broker's CA certificate"
+        ) from None
+    if tls.certfile is None:
+        return
+    try:  # the certificate on its own, so that an error names the right file
+        ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(cafile=tls.certfile)
+    except ssl.SSLError as exc:
+        raise ConfigError(
+            f"{names['certfile']} {tls.certfile} holds no PEM certificate OpenSSL can load ({exc.reason or exc}); "
+            "give the client certificate"
+        ) from None
+    asked: list[bool] = []
+
+    def no_passphrase() -> bytes:
+        asked.append(True)
+        return b""
+
+    try:
+        context.load_cert_chain(tls.certfile, tls.keyfile, password=no_passphrase)
+    except ssl.SSLError as exc:
+        key_name, key_path = (names["keyfile"], tls.keyfile) if tls.keyfile else (names["certfile"], tls.certfile)
+        if asked:
+            message = f"{key_name} {key_path} is protected by a passphrase; give the agent an unencrypted key"
+        elif "MISMATCH" in str(exc.reason).upper():
+            pair = f"and {names['keyfile']} {tls.keyfile} do not" if tls.keyfile else "holds a key that does not"
+            message = f"{names['certfile']} {tls.certfile} {pair} match; give the private key of that certificate"
+        else:
+            message = (
+                f"{key_name} {key_path} holds no PEM private key OpenSSL can load ({exc.reason or exc}); "
+                f"give the client certificate's key{'' if tls.keyfile else ' (or add it to ' + names['certfile'] + ')'}"
+            )
+        raise ConfigError(message) from None
 
 
 @dataclass(frozen=True)
@@ -69,6 +140,7 @@ class MqttLink:
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
         self.dropped = 0
+        self._closed = False
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
             client_id=client_id,
@@ -78,6 +150,7 @@ class MqttLink:
         if username is not None:
             self._client.username_pw_set(username, password)
         if tls is not None:
+            check_tls_files(tls)  # a ConfigError naming the file, not an ssl traceback from paho
             self._client.tls_set(ca_certs=tls.ca_certs, certfile=tls.certfile, keyfile=tls.keyfile)
         if will is not None:
             self._client.will_set(will.topic, will.payload, qos=1, retain=will.retain)
@@ -144,6 +217,12 @@ class MqttLink:
         if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
             raise TransportError(f"publish to {topic} failed ({paho.error_string(info.rc)})")
         if wait is not None:
+            if info.rc == paho.MQTT_ERR_NO_CONN:
+                # paho queued it for the next connection but cannot report that ack
+                # (its is_published() raises RuntimeError): say so as covey's error.
+                raise TransportError(
+                    f"publish to {topic} not acknowledged: not connected to the broker at {self.host}:{self.port}"
+                )
             deadline = time.monotonic() + wait
             while not info.is_published():
                 if time.monotonic() > deadline:
@@ -161,7 +240,18 @@ class MqttLink:
         return self._connected.is_set()
 
     def close(self) -> None:
+        """Disconnect and stop the network thread. Never raises, in any state: never
+        connected, connection lost (broker gone, paho retrying), or already closed.
+        Stopping a device must always work; there is nothing left to do on failure."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self._client.disconnect()
-        finally:
+        except Exception as exc:  # nothing to undo; the loop still has to stop
+            log.debug("%s: disconnect while closing: %s", self.client_id, exc)
+        try:
             self._client.loop_stop()
+        except Exception as exc:
+            log.debug("%s: stopping the network loop while closing: %s", self.client_id, exc)
+        self._connected.clear()
