@@ -1,0 +1,99 @@
+"""Run one strategy twice, in simulation and over MQTT with agent processes, and compare.
+
+The one round driver promises that the same seed and plan give the same models on
+virtual devices and on boards. :func:`run_both` checks that promise end to end: the
+same FEMNIST writers as virtual devices and as ``covey-device`` processes (named
+alike, so the seed rule gives them the same batches), the same strategy settings and
+seed, federated evaluation every round. ``tests/mqtt/test_equivalence.py`` asserts on
+it and ``bench/equivalence.py`` prints the figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from device.data import read_leaf
+from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.fleet import leaf_writers, start_fleet
+from server.rounds import RoundRecord
+from server.simulation.datasets import ClientData
+from server.simulation.engine import Simulation
+from server.strategies.base import Strategy
+
+
+@dataclass
+class Comparison:
+    sim: list[RoundRecord]
+    mqtt: list[RoundRecord]
+    max_abs_diff: float  # over every model the strategy keeps (global and group models)
+    accuracy_diff: float  # largest per-round difference of federated accuracy
+
+    @property
+    def rounds(self) -> int:
+        return len(self.sim)
+
+
+def _models(strategy: Strategy) -> list[np.ndarray]:
+    assert strategy.global_weights is not None
+    return [strategy.global_weights, *getattr(strategy, "group_models", [])]
+
+
+def run_both(
+    make: Callable[[], Strategy],
+    *,
+    root: Path,
+    model_path: Path,
+    host: str,
+    port: int,
+    work: Path,
+    run: str,
+    rounds: int,
+    n_devices: int = 6,
+    handoff: str = "direct",
+    seed: int = 3,
+    deadline_s: float = 120.0,
+) -> Comparison:
+    """The strategy from ``make()`` over ``n_devices`` FEMNIST writers, both ways."""
+    writers = leaf_writers(root, n_devices)
+    ids = [f"dev{i:03d}" for i in range(n_devices)]
+    train, test = read_leaf(root / "train"), read_leaf(root / "test")
+    federation = {d: ClientData(train[w], test[w]) for d, w in zip(ids, writers, strict=True)}
+
+    sim_strategy = make()
+    sim = Simulation(sim_strategy, federation, model_path, seed=seed, federated_eval_every=1)
+    sim_records = sim.run(rounds)
+
+    mqtt_strategy = make()
+    with start_fleet(root, writers, run=run, host=host, port=port, log_dir=work / "logs", device_ids=ids):
+        coord = Coordinator(
+            CoordinatorConfig(
+                run,
+                host,
+                port,
+                work / "state",
+                handoff=handoff,
+                deadline_s=deadline_s,
+                seed=seed,
+                federated_eval_every=1,
+            ),
+            mqtt_strategy,
+            model_path,
+        )
+        try:
+            coord.connect()
+            coord.wait_for_devices(n_devices, timeout=120)
+            coord.setup_strategy()
+            coord.driver.last_round = rounds
+            mqtt_records = [coord.step() for _ in range(rounds)]
+            coord.stop_devices()
+        finally:
+            coord.close()
+
+    pairs = list(zip(_models(sim_strategy), _models(mqtt_strategy), strict=True))
+    diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs)
+    acc = max(abs(a.federated_accuracy - b.federated_accuracy) for a, b in zip(sim_records, mqtt_records, strict=True))
+    return Comparison(sim_records, mqtt_records, diff, acc)
