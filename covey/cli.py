@@ -98,10 +98,7 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         if not model_path.exists():
             raise CoveyError(f"--model-path {model_path} does not exist")
     else:
-        from models.zoo import get_architecture
-
-        get_architecture(args.model)  # a clear error for an unknown name, before anything is built
-        model_path = Path(f"{args.model}.tflite")  # replaced by the built model below
+        model_path = Path(f"{args.model}.tflite")  # replaced by the built (or cached) model below
     options = ServeOptions(
         run=args.run,
         host=host,

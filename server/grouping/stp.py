@@ -64,7 +64,7 @@ class STPSchedule:
 
     def __post_init__(self) -> None:
         group_count(1, self.growth, self.alpha, self.beta)  # validates
-        check_fraction(self.kappa, "κ (group sampling rate)")
+        check_fraction(self.kappa, "kappa (κ, the group sampling rate)")
 
     def n_groups(self, r: int, n_clients: int) -> int:
         """f(r), capped at the number of clients."""

@@ -1,0 +1,66 @@
+"""``covey server run``, as a user types it, against a fleet of agent processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from covey.cli import main
+from device.protocol import TrainRequest
+from server.fleet import leaf_writers, start_fleet
+from server.strategies.fedgsp import FedGSP
+from tests.mqtt.conftest import femnist_root
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+
+
+def test_server_run_sends_fedgsps_own_training_and_writes_its_results(broker, observe, tmp_path, capsys) -> None:
+    # Prepare
+    run, root, state = "cli-run", femnist_root(), tmp_path / "state"
+    observer = observe(run)
+
+    # Execute: no --epochs, --batch or --lr: FedGSP's paper values must reach the boards
+    with start_fleet(root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path):
+        code = main(
+            [
+                "server",
+                "run",
+                "--broker",
+                broker.address,
+                "--run",
+                run,
+                "--strategy",
+                "fedgsp",
+                "--min-devices",
+                "4",
+                "--rounds",
+                "2",
+                "--set",
+                "beta=1",
+                "--set",
+                "kappa=1.0",
+                "--set",
+                "growth=linear",
+                "--set",
+                "alpha=0",
+                "--eval-data",
+                str(root),
+                "--state-dir",
+                str(state),
+                "--register-timeout",
+                "120",
+            ]
+        )
+
+    # Assert
+    assert code == 0
+    requests = [m.body for m in observer.messages("/inbox") if isinstance(m.body, TrainRequest)]
+    assert len(requests) == 8 and {(r.train.epochs, r.train.batch, r.train.lr) for r in requests} == {(1, 5, 0.01)}
+    result = json.loads((state / "results.json").read_text())
+    assert result["settings"]["train.batch"] == {"value": 5, "source": "paper", "detail": FedGSP.paper_settings}
+    assert result["settings"]["strategy.beta"]["source"] == "flag"
+    assert [r["round"] for r in result["rounds"]] == [1, 2]
+    assert all(0 < r["federated_accuracy"] <= 1 and 0 < r["server_accuracy"] <= 1 for r in result["rounds"])
+    assert (state / "results.png").stat().st_size > 10_000
+    assert "results.json" in capsys.readouterr().out  # the closing summary says where the results went
