@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +34,12 @@ from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.protocol import (
     PROTOCOL_VERSION,
     SERVER_ID,
-    DeviceHop,
     EvaluateRequest,
-    EvaluateResult,
-    FrameExtra,
-    FrameKind,
-    Hop,
     Message,
     Payload,
     Ping,
     Pong,
     PretrainRequest,
-    PretrainResult,
     ProtocolVersionError,
     Reassembler,
     Register,
@@ -54,15 +48,13 @@ from device.protocol import (
     Stop,
     Topics,
     TrainRequest,
-    TrainResult,
     check_id,
     check_weights,
     decode_message,
-    send_model,
 )
 from device.runtime import TFLiteModel
 from device.state import AgentState
-from device.training import evaluate_locally, pretrain_locally, train_locally
+from device.tasks import TaskRunner
 from device.worker import ModelWorker
 
 log = logging.getLogger("covey.device")
@@ -81,13 +73,11 @@ class AgentConfig:
     tls: TlsFiles | None = None
     max_chunk: int = 900_000
     threads: int | None = None
-    request_timeout: float = 120.0
     train_priority: str = "idle"  # "idle": interpreter work yields to everything else (device/worker.py)
 
 
 @dataclass
 class AgentStats:
-    trained: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
 
     def drop(self, reason: str) -> None:
@@ -112,6 +102,7 @@ class Agent:
         self.train_data, self.test_data = train, test
         self.stats = AgentStats()
         self.model: TFLiteModel | None = None
+        self.runner: TaskRunner | None = None
         self.artifact = ArtifactDownload()
         self._frames = Reassembler(max_pending_bytes=512 * 1024 * 1024)
         self._waiting: dict[str, _Task] = {}  # task id -> request waiting for its model(s)
@@ -244,6 +235,18 @@ class Agent:
         model = self._in_worker(TFLiteModel, path, manifest, num_threads=self.cfg.threads)
         model.check_data(self.train_data.x, self.train_data.y)
         self.model = model
+        self.runner = TaskRunner(
+            self.me,
+            self.topics,
+            model,
+            self.train_data,
+            self.test_data,
+            self.state,
+            publish=self._publish,
+            send=self._send,
+            in_worker=self._in_worker,
+            max_chunk=self.cfg.max_chunk,
+        )
         log.info("%s: model %s ready (%s)", self.me, manifest.model, model.backend.name)
         self._register()
 
@@ -275,7 +278,7 @@ class Agent:
             log.info("%s: the server ended the run%s", self.me, f": {body.reason}" if body.reason else "")
             self.running = False
         elif isinstance(body, ResendRequest):
-            self._resend(body)
+            self._work().resend(body)
         elif isinstance(body, (TrainRequest, PretrainRequest, EvaluateRequest)):
             self._accept_request(body, msg.round)
         else:
@@ -319,7 +322,6 @@ class Agent:
         else:
             task = self._waiting.get(h.extra.task_id or "")
             if task is None:
-                self.stats.drop("frame for no waiting task")
                 raise ProtocolError(f"model frame for task {h.extra.task_id!r}, which this device is not waiting for")
             targets = [(h.extra.task_id or "", task, h.extra.index)]
         for task_id, task, index in targets:
@@ -328,30 +330,27 @@ class Agent:
     def _accept_model(self, task_id: str, task: _Task, payload: Payload, index: int) -> None:
         h = payload.header
         if h.round != task.round:
-            self.stats.drop("stale round")
             raise ProtocolError(f"model frame for round {h.round}, task is in round {task.round}")
         request = task.request
         allowed = {SERVER_ID, request.predecessor} if isinstance(request, TrainRequest) else {SERVER_ID}
         if h.sender not in allowed:
-            self.stats.drop("not the predecessor")
             raise ProtocolError(f"model from {h.sender!r}, expected one of {sorted(allowed)}")
-        if self.model is None:
-            raise ModelError("no model artifact yet; cannot train")
-        weights = check_weights(payload, self.model.n_params)
+        runner = self._work()
+        weights = check_weights(payload, runner.model.n_params)
         if isinstance(request, EvaluateRequest):
             if index >= request.n_models:
                 raise ProtocolError(f"model index {index} of an evaluate request for {request.n_models} models")
             task.models[index] = weights
             if len(task.models) == request.n_models:
                 del self._waiting[task_id]
-                self._evaluate(request, task)
+                runner.evaluate(request, task.round, task.models)
             return
         del self._waiting[task_id]
         log.info("%s: model for %s arrived from %s", self.me, task_id, h.sender)
         if isinstance(request, PretrainRequest):
-            self._pretrain(request, task.round, weights)
+            runner.pretrain(request, task.round, weights)
         else:
-            self._train(request, task.round, weights)
+            runner.train(request, task.round, weights)
 
     def _drop_unused_shared(self) -> None:
         """Unsubscribe from shared models no waiting task needs any more."""
@@ -362,129 +361,10 @@ class Agent:
             self.link.unsubscribe(*(self.topics.shared_filter(k) for k in unused))
 
     # -- work ------------------------------------------------------------------------------
-    def _train(self, request: TrainRequest, rnd: int, weights: np.ndarray) -> None:
-        assert self.model is not None
-        start = time.perf_counter()
-        out = self._in_worker(
-            train_locally,
-            self.model,
-            self.train_data,
-            request.train,
-            start=weights,
-            seed=request.seed,
-            rnd=rnd,
-            device_id=self.me,
-        )
-        seconds = time.perf_counter() - start
-        self.stats.trained += 1
-        self.state.last_output = out.weights
-        self.state.last_output_task = {
-            "task_id": request.task_id,
-            "round": rnd,
-            "group": request.group,
-            "position": request.position,
-        }
-        self.state.finished(request.task_id)
-        delivered = time.perf_counter()
-        self._deliver(out.weights, request.task_id, rnd, request.group, request.position, request.next)
-        result = TrainResult(
-            task_id=request.task_id,
-            n_samples=out.n_samples,
-            loss=out.loss,
-            steps=out.steps,
-            group=request.group,
-            position=request.position,
-            class_counts=tuple(int(c) for c in class_counts(self.train_data.y, self.model.manifest.n_classes)),
-            train_seconds=seconds,
-            deliver_seconds=time.perf_counter() - delivered,
-        )
-        self._send(result, rnd)  # at once after the frames: the server waits on both
-        self.state.save(self.me, self.cfg.run)  # for a resend after a restart; off the critical path
-        log.info(
-            "%s: round %d group %d position %d trained %d samples, loss %.3f (%.1f s)",
-            self.me,
-            rnd,
-            request.group,
-            request.position,
-            out.n_samples,
-            out.loss,
-            seconds,
-        )
-
-    def _deliver(self, weights: np.ndarray, task_id: str, rnd: int, group: int, position: int, to: Hop) -> None:
-        """Send a trained model on: to the successor (direct) or the group manager."""
-        kind: FrameKind
-        if isinstance(to, DeviceHop):  # the frame names the task it is for: the successor's
-            topic, kind, for_task = self.topics.handoff(to.device, self.me), "handoff", to.task_id
-        else:
-            topic, kind, for_task = self.topics.uploads(self.me), "result", task_id
-        send_model(
-            self._publish,
-            topic,
-            weights,
-            kind=kind,
-            run=self.cfg.run,
-            round=rnd,
-            group=group,
-            sender=self.me,
-            max_chunk=self.cfg.max_chunk,
-            extra=FrameExtra(for_task, position=position),
-        )
-
-    def _resend(self, request: ResendRequest) -> None:
-        """The manager lost a hand-off (a successor missed its deadline): send the last
-        output again, to the destination the request names."""
-        last = self.state.last_output_task
-        if self.state.last_output is None or not last or last.get("task_id") != request.task_id:
-            raise ProtocolError(f"resend of task {request.task_id!r}, but the last output on record is for another")
-        self._deliver(
-            self.state.last_output,
-            request.task_id,
-            int(last["round"]),
-            int(last["group"]),
-            int(last["position"]),
-            request.to,
-        )
-
-    def _pretrain(self, request: PretrainRequest, rnd: int, weights: np.ndarray) -> None:
-        assert self.model is not None
-        update, out = self._in_worker(
-            pretrain_locally,
-            self.model,
-            self.train_data,
-            steps=request.steps,
-            batch=request.batch,
-            lr=request.lr,
-            start=weights,
-            seed=request.seed,
-            rnd=rnd,
-            device_id=self.me,
-        )
-        self.state.finished(request.task_id)
-        send_model(
-            self._publish,
-            self.topics.uploads(self.me),
-            update,
-            kind="update",
-            run=self.cfg.run,
-            round=rnd,
-            group=-1,
-            sender=self.me,
-            max_chunk=self.cfg.max_chunk,
-            extra=FrameExtra(request.task_id),
-        )
-        self._send(PretrainResult(request.task_id, out.n_samples, out.loss, out.steps), rnd)
-
-    def _evaluate(self, request: EvaluateRequest, task: _Task) -> None:
-        assert self.model is not None
-        if request.split == "train":
-            split = self.train_data
-        else:  # without a test set the device reports zero test samples
-            split = self.test_data or Dataset(self.train_data.x[:0], self.train_data.y[:0])
-        models = [task.models[i] for i in range(request.n_models)]
-        rows = self._in_worker(evaluate_locally, self.model, split, models)
-        self.state.finished(request.task_id)
-        self._send(EvaluateResult(request.task_id, tuple(rows)), task.round)
+    def _work(self) -> TaskRunner:
+        if self.runner is None:
+            raise ModelError("no model artifact yet; cannot train")
+        return self.runner
 
     def _in_worker(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A model call in the background-priority model thread (``device/worker.py``)."""
@@ -498,8 +378,6 @@ class Agent:
         with contextlib.suppress(Exception):
             self.link.close()
 
-    def stats_dict(self) -> dict[str, Any]:
-        return asdict(self.stats)
 
 
 def _available_memory_mb() -> int:

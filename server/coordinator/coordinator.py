@@ -41,13 +41,13 @@ from device.protocol import (
     TrainResult,
     check_weights,
     decode_message,
-    legacy_stop,
     send_model,
 )
 from device.runtime import TFLiteModel
 from server.artifact import device_artifact
 from server.coordinator import checkpoint
 from server.coordinator.execution import RoundExecution
+from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats, record_from_dict, records_as_dicts
@@ -75,16 +75,6 @@ class CoordinatorConfig:
     tls: TlsFiles | None = None
 
 
-@dataclass
-class DeviceRecord:
-    info: ClientInfo
-    runtime: str
-    rtt_ms: float = float("nan")
-    last_seen: float = 0.0
-    direct: bool = True
-    online: bool = True
-
-
 class Coordinator:
     def __init__(
         self,
@@ -101,7 +91,7 @@ class Coordinator:
         self.model = TFLiteModel(self.model_path, self.manifest)
         self.eval_data = eval_data
         self.epoch = uuid.uuid4().hex[:8]  # this process; task ids and shared keys carry it
-        self.devices: dict[str, DeviceRecord] = {}
+        self.registry = Registry(self.manifest.n_classes)
         self.round = 0
         self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
@@ -206,13 +196,12 @@ class Coordinator:
         who = self.topics.device_of(item.topic)
         if who is None:
             if item.topic == f"{self.topics.root}/server/register":
-                self._on_legacy_register(item.payload)
+                self.registry.legacy_register(item.payload, self._publish, self.topics)
                 return
             raise ProtocolError(f"unexpected topic {item.topic}")
         device, kind = who
         if kind == "status":
-            if device in self.devices:
-                self.devices[device].online = item.payload == b"online"
+            self.registry.set_online(device, item.payload == b"online")
             return
         if kind == "frames":
             evicted, expired = self._frames.evicted, self._frames.expired
@@ -232,48 +221,19 @@ class Coordinator:
                 raise ProtocolError(f"{msg.type!r} on a register topic")
             self._on_register(device, msg.body)
         elif isinstance(msg.body, Pong):
-            self._known(device).rtt_ms = (time.time() - msg.body.echo) * 1000
+            self.registry.pong(device, msg.body)
         elif msg.type == "result":
             self._on_result(device, msg)
         else:
             raise ProtocolError(f"{msg.type!r} is not a result")
 
-    def _on_legacy_register(self, payload: bytes) -> None:
-        try:
-            raw = json.loads(payload.decode())
-            sender = str(raw["sender"])
-            version = int(raw.get("v", 1))
-        except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
-            raise ProtocolError("unreadable message on the protocol-1 register topic") from None
-        reason = "this covey server speaks protocol 2; upgrade covey-device on this board (firmware_scripts/)"
-        self._publish(self.topics.inbox(sender), legacy_stop(self.cfg.run, reason, version), False)
-        raise ProtocolError(f"device {sender!r} speaks protocol {version}; it was told to upgrade and stop")
-
     def _on_register(self, device: str, body: Register) -> None:
-        if len(body.class_counts) != self.manifest.n_classes:
-            raise ProtocolError(
-                f"{device}: {len(body.class_counts)} class counts, the model has {self.manifest.n_classes} classes"
-            )
-        info = ClientInfo(device, body.n_samples, np.asarray(body.class_counts, np.float64), body.n_test)
-        known = self.devices.get(device)
-        self.devices[device] = DeviceRecord(info, body.runtime, direct=body.direct, last_seen=time.monotonic())
-        if known is not None:
-            self.devices[device].rtt_ms = known.rtt_ms
-            log.info("device %s registered again", device)
-        else:
-            log.info("device %s registered: %d samples, %s", device, body.n_samples, body.runtime)
-        if self._started and (known is None or not np.array_equal(known.info.class_counts, info.class_counts)):
+        info, changed = self.registry.register(device, body)
+        if self._started and changed:
             self.strategy.add_client(info)  # a newcomer, or new counts
 
-    def _known(self, device: str) -> DeviceRecord:
-        rec = self.devices.get(device)
-        if rec is None:
-            raise ProtocolError(f"message from unknown device {device!r}")
-        rec.last_seen = time.monotonic()
-        return rec
-
     def _on_result(self, device: str, msg: Message) -> None:
-        rec = self._known(device)
+        rec = self.registry.known(device)
         body = msg.body
         if not isinstance(body, TrainResult):
             if not self.requests.on_result(device, body):
@@ -288,7 +248,7 @@ class Coordinator:
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
 
     def _on_frame(self, device: str, payload: Payload) -> None:
-        self._known(device)
+        self.registry.known(device)
         h = payload.header
         weights = check_weights(payload, self.manifest.n_params)
         if h.kind == "update":
@@ -303,6 +263,10 @@ class Coordinator:
             raise ProtocolError(f"result frame from {device} that group {h.group} does not expect")
 
     # -- waiting -------------------------------------------------------------------------
+    @property
+    def devices(self) -> dict[str, DeviceRecord]:
+        return self.registry.devices
+
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:
         deadline = time.monotonic() + timeout
         while len(self.devices) < n:
@@ -350,14 +314,7 @@ class Coordinator:
         return None  # boards report no SNR through a portable API yet; DSC then groups by data only
 
     def distance_matrix(self) -> np.ndarray | None:
-        ids = self.ready_devices()
-        rtt = np.array([self.devices[d].rtt_ms for d in ids])
-        if np.isnan(rtt).all():
-            return None
-        rtt = np.nan_to_num(rtt, nan=float(np.nanmax(rtt)))
-        dist = rtt[:, None] + rtt[None, :]  # device -> broker -> device
-        np.fill_diagonal(dist, 0.0)
-        return dist
+        return self.registry.distance_matrix()
 
     def round_stats(self) -> RoundStats:
         stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped))
@@ -411,7 +368,7 @@ class Coordinator:
         if state is None:
             return False
         self.strategy = self.driver.strategy = state["strategy"]
-        self.devices.update(state.get("devices", {}))  # devices registered before the restart
+        self.registry.devices.update(state.get("devices", {}))  # devices registered before the restart
         records = [record_from_dict(r) for r in state.get("records", [])]
         self.driver.resume(int(state["round"]), records, int(state.get("model_bytes", 0)))
         self.round = int(state["round"])

@@ -1,0 +1,190 @@
+"""The work a device does for a request, and the replies it sends.
+
+:class:`TaskRunner` computes with ``device/training.py`` (the code the simulator
+runs too) and answers in the protocol's order: a trained model goes to the successor
+(direct hand-off) or the group manager, and the ``result`` message follows at once;
+a pre-training reply is one ``update`` frame, then a ``pretrain`` result; an
+evaluation is one ``evaluate`` result. The last output is kept on disk for a
+``resend``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from device.data import Dataset, class_counts
+from device.errors import ProtocolError
+from device.protocol import (
+    DeviceHop,
+    EvaluateRequest,
+    EvaluateResult,
+    FrameExtra,
+    FrameKind,
+    Hop,
+    PretrainRequest,
+    PretrainResult,
+    ResendRequest,
+    Topics,
+    TrainRequest,
+    TrainResult,
+    send_model,
+)
+from device.runtime import TFLiteModel
+from device.state import AgentState
+from device.training import evaluate_locally, pretrain_locally, train_locally
+
+log = logging.getLogger("covey.device")
+Publish = Callable[[str, bytes, bool], None]
+Send = Callable[[Any, int], None]
+InWorker = Callable[..., Any]
+
+
+class TaskRunner:
+    """One device's computation and replies; the agent decides when to call it."""
+
+    def __init__(
+        self,
+        me: str,
+        topics: Topics,
+        model: TFLiteModel,
+        train_data: Dataset,
+        test_data: Dataset | None,
+        state: AgentState,
+        *,
+        publish: Publish,
+        send: Send,
+        in_worker: InWorker,
+        max_chunk: int,
+    ) -> None:
+        self.me, self.topics, self.run = me, topics, topics.run
+        self.model, self.train_data, self.test_data, self.state = model, train_data, test_data, state
+        self._publish, self._send, self._in_worker, self.max_chunk = publish, send, in_worker, max_chunk
+        self.trained = 0
+
+    def train(self, request: TrainRequest, rnd: int, weights: np.ndarray) -> None:
+        """Train, hand the output on, then report at once (the server waits on both)."""
+        start = time.perf_counter()
+        out = self._in_worker(
+            train_locally,
+            self.model,
+            self.train_data,
+            request.train,
+            start=weights,
+            seed=request.seed,
+            rnd=rnd,
+            device_id=self.me,
+        )
+        seconds = time.perf_counter() - start
+        self.trained += 1
+        self.state.last_output = out.weights
+        self.state.last_output_task = {
+            "task_id": request.task_id,
+            "round": rnd,
+            "group": request.group,
+            "position": request.position,
+        }
+        self.state.finished(request.task_id)
+        delivered = time.perf_counter()
+        self.deliver(out.weights, request.task_id, rnd, request.group, request.position, request.next)
+        result = TrainResult(
+            task_id=request.task_id,
+            n_samples=out.n_samples,
+            loss=out.loss,
+            steps=out.steps,
+            group=request.group,
+            position=request.position,
+            class_counts=tuple(int(c) for c in class_counts(self.train_data.y, self.model.manifest.n_classes)),
+            train_seconds=seconds,
+            deliver_seconds=time.perf_counter() - delivered,
+        )
+        self._send(result, rnd)  # at once after the frames: the server waits on both
+        self.state.save(self.me, self.run)  # for a resend after a restart; off the critical path
+        log.info(
+            "%s: round %d group %d position %d trained %d samples, loss %.3f (%.1f s)",
+            self.me,
+            rnd,
+            request.group,
+            request.position,
+            out.n_samples,
+            out.loss,
+            seconds,
+        )
+
+    def deliver(self, weights: np.ndarray, task_id: str, rnd: int, group: int, position: int, to: Hop) -> None:
+        """Send a trained model on: to the successor (direct) or the group manager."""
+        kind: FrameKind
+        if isinstance(to, DeviceHop):  # the frame names the task it is for: the successor's
+            topic, kind, for_task = self.topics.handoff(to.device, self.me), "handoff", to.task_id
+        else:
+            topic, kind, for_task = self.topics.uploads(self.me), "result", task_id
+        send_model(
+            self._publish,
+            topic,
+            weights,
+            kind=kind,
+            run=self.run,
+            round=rnd,
+            group=group,
+            sender=self.me,
+            max_chunk=self.max_chunk,
+            extra=FrameExtra(for_task, position=position),
+        )
+
+    def resend(self, request: ResendRequest) -> None:
+        """The manager lost a hand-off (a successor missed its deadline): send the last
+        output again, to the destination the request names."""
+        last = self.state.last_output_task
+        if self.state.last_output is None or not last or last.get("task_id") != request.task_id:
+            raise ProtocolError(f"resend of task {request.task_id!r}, but the last output on record is for another")
+        self.deliver(
+            self.state.last_output,
+            request.task_id,
+            int(last["round"]),
+            int(last["group"]),
+            int(last["position"]),
+            request.to,
+        )
+
+    def pretrain(self, request: PretrainRequest, rnd: int, weights: np.ndarray) -> None:
+        """Pre-train; reply with the ``update`` frame, then the result message."""
+        update, out = self._in_worker(
+            pretrain_locally,
+            self.model,
+            self.train_data,
+            steps=request.steps,
+            batch=request.batch,
+            lr=request.lr,
+            start=weights,
+            seed=request.seed,
+            rnd=rnd,
+            device_id=self.me,
+        )
+        self.state.finished(request.task_id)
+        send_model(
+            self._publish,
+            self.topics.uploads(self.me),
+            update,
+            kind="update",
+            run=self.run,
+            round=rnd,
+            group=-1,
+            sender=self.me,
+            max_chunk=self.max_chunk,
+            extra=FrameExtra(request.task_id),
+        )
+        self._send(PretrainResult(request.task_id, out.n_samples, out.loss, out.steps), rnd)
+
+    def evaluate(self, request: EvaluateRequest, rnd: int, models_by_index: dict[int, np.ndarray]) -> None:
+        if request.split == "train":
+            split = self.train_data
+        else:  # without a test set the device reports zero test samples
+            split = self.test_data or Dataset(self.train_data.x[:0], self.train_data.y[:0])
+        models = [models_by_index[i] for i in range(request.n_models)]
+        rows = self._in_worker(evaluate_locally, self.model, split, models)
+        self.state.finished(request.task_id)
+        self._send(EvaluateResult(request.task_id, tuple(rows)), rnd)
