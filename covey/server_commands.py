@@ -65,6 +65,39 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    from device.cli import parse_broker
+    from server.conformance import run_conformance
+    from server.paths import ensure_model
+
+    host, port = parse_broker(args.broker)
+    model = Path(args.model_path) if args.model_path else ensure_model(args.model)
+    if not model.exists():
+        raise CoveyError(f"--model-path {model} does not exist")
+    print(f"waiting for device {args.device!r} to register on run {args.run!r} at {host}:{port} ...", flush=True)
+    report = run_conformance(
+        host,
+        port,
+        args.run,
+        args.device,
+        model,
+        timeout=args.timeout,
+        username=args.username,
+        password=_password(args.password_file),
+    )
+    print(report.table())
+    return 0 if not report.failed else 1
+
+
+def _password(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise CoveyError(f"--password-file {path}: {exc.strerror or exc}") from None
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     server = sub.add_parser("server", help="the coordinator")
     server_sub = server.add_subparsers(dest="server_command", required=True, metavar="ACTION")
@@ -105,3 +138,20 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--advertise", action="store_true", help="announce the run with zeroconf")
     p.set_defaults(func=_cmd_server_run)
+
+    p = sub.add_parser(
+        "conformance",
+        help="drive one device (covey's or a third party's) through the protocol and report what conforms",
+        description="Plays the server of RUN: publishes the model, waits for the device to register, sends every "
+        "request kind and bad input, and checks each rule of docs/protocol.md. Exit status 0 when every rule "
+        "holds, 1 otherwise. Start the device with --broker HOST:PORT --run RUN --id ID.",
+    )
+    p.add_argument("--broker", required=True, help="HOST:PORT of the broker the device uses")
+    p.add_argument("--run", default="conformance", help="run id for the test (default: conformance)")
+    p.add_argument("--device", required=True, help="the device id to test")
+    p.add_argument("--model", default="mlp_femnist", help="zoo model matching the device's data (default mlp_femnist)")
+    p.add_argument("--model-path", help="a .tflite with its manifest (instead of --model)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for each reply (default 60)")
+    p.add_argument("--username", help="broker user name")
+    p.add_argument("--password-file", help="file holding the broker password")
+    p.set_defaults(func=_cmd_conformance)

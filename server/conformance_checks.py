@@ -1,0 +1,296 @@
+"""The scenarios the conformance kit (:mod:`server.conformance`) runs against a device.
+
+Each scenario sends requests and models as a coordinator would, waits for what the
+protocol says must come back (or, for bad input, for a quiet period in which nothing
+may come back), and records a verdict on one rule of :data:`server.conformance.RULES`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from device.protocol import (
+    SERVER_ID,
+    DeviceHop,
+    EvaluateRequest,
+    EvaluateResult,
+    FrameExtra,
+    FrameHeader,
+    FrameKind,
+    LocalTraining,
+    ManagerHop,
+    Ping,
+    Pong,
+    PretrainRequest,
+    PretrainResult,
+    ResendRequest,
+    TrainRequest,
+    TrainResult,
+    encode_frames,
+)
+from server.conformance import PEER, SINK
+
+if TYPE_CHECKING:
+    from server.conformance import ConformanceKit
+
+TRAIN = LocalTraining(1, 5, 0.01)
+QUIET_S = 3.0  # how long a device has to show it ignored bad input
+AT_ONCE_S = 3.0  # result message after the output frames
+Output = tuple[FrameHeader, np.ndarray, float]
+
+
+class _Checks:
+    def __init__(self, kit: ConformanceKit) -> None:
+        self.kit, self.t = kit, kit.topics
+        self.me = kit.device
+        self.n_params = kit.manifest.n_params
+        self.start = kit.start_weights
+        self.gaps: list[float] = []  # seconds from output frames to result message
+
+    # -- helpers ------------------------------------------------------------------------
+    def output(self, since: int, topic: str, task_id: str, kind: str, timeout: float | None = None) -> Output | None:
+        def find(i: int) -> Output | None:
+            return next(
+                (p for p in self.kit._payloads(i, topic) if p[0].extra.task_id == task_id and p[0].kind == kind), None
+            )
+
+        found: Any = self.kit.wait_for(find, timeout, since)
+        return found
+
+    def result(self, since: int, task_id: str, kind: type, timeout: float | None = None) -> tuple[Any, float] | None:
+        def find(i: int) -> tuple[Any, float] | None:
+            return next(
+                (
+                    (m.body, at)
+                    for m, at in self.kit._messages(i, "results")
+                    if isinstance(m.body, kind) and getattr(m.body, "task_id", None) == task_id
+                ),
+                None,
+            )
+
+        found: Any = self.kit.wait_for(find, timeout, since)
+        return found
+
+    def train(self, task: str, *, rnd: int = 1, **fields: Any) -> TrainRequest:
+        request = TrainRequest(
+            task,
+            fields.pop("group", 0),
+            fields.pop("position", 0),
+            fields.pop("mode", "parallel"),
+            fields.pop("predecessor", SERVER_ID),
+            fields.pop("next", ManagerHop(0)),
+            TRAIN,
+            seed=1,
+            **fields,
+        )
+        self.kit._request(request, rnd)
+        return request
+
+    def send(self, weights: np.ndarray, task: str, *, sender: str = SERVER_ID, rnd: int = 1, index: int = 0) -> None:
+        topic = self.t.frames(self.me) if sender == SERVER_ID else self.t.handoff(self.me, sender)
+        kind: FrameKind = "model" if sender == SERVER_ID else "handoff"
+        self.kit._frames(
+            weights, topic, kind=kind, sender=sender, rnd=rnd, extra=FrameExtra(task, index=index, position=0)
+        )
+
+    def trained(self, out: Output | None) -> str:
+        """Why an output is not a trained model ("" if it is one)."""
+        if out is None:
+            return "no output arrived"
+        _, arr, _ = out
+        if arr.shape != (self.n_params,) or not np.isfinite(arr).all():
+            return f"output of shape {arr.shape} or not finite"
+        return "the output equals the start model: nothing was trained" if np.array_equal(arr, self.start) else ""
+
+    def note_gap(self, out: Output | None, res: tuple[Any, float] | None) -> None:
+        if out is not None and res is not None:
+            self.gaps.append(res[1] - out[2])
+        elif out is not None:
+            self.gaps.append(float("inf"))
+
+    def quiet(self, since: int, topic: str, task: str, kind: str) -> bool:
+        return self.output(since, topic, task, kind, timeout=QUIET_S) is None
+
+    # -- scenarios -----------------------------------------------------------------------
+    def ping(self) -> None:
+        since, t = len(self.kit.seen), time.time()
+        self.kit._request(Ping(t), 0)
+        pong = self.kit.wait_for(
+            lambda i: next((m for m, _ in self.kit._messages(i, "results") if isinstance(m.body, Pong)), None),
+            since=since,
+        )
+        self.kit.verdict(
+            "ping",
+            pong is not None and pong.body.echo == t,
+            "no pong" if pong is None else f"echo {pong.body.echo} for t {t}",
+        )
+
+    def parallel(self) -> tuple[TrainRequest, Output | None]:
+        since, task = len(self.kit.seen), self.kit._task("par")
+        request = self.train(task)
+        self.send(self.start, task)
+        out = self.output(since, self.t.uploads(self.me), task, "result")
+        res = self.result(since, task, TrainResult)
+        self.note_gap(out, res)
+        why = self.trained(out) or ("" if res is not None else "no train result message")
+        self.kit.verdict("train_parallel", not why, why)
+        return request, out
+
+    def duplicate(self, request: TrainRequest) -> None:
+        since = len(self.kit.seen)
+        self.kit._request(request, 1)
+        self.send(self.start, request.task_id)
+        again = self.output(since, self.t.uploads(self.me), request.task_id, "result", timeout=QUIET_S)
+        self.kit.verdict("duplicate_request", again is None, "trained the same task twice")
+
+    def shared(self) -> None:
+        since, task, key = len(self.kit.seen), self.kit._task("shr"), f"conf-{self.kit.epoch}-shared"
+        for i, frame in enumerate(
+            encode_frames(
+                self.start,
+                kind="model",
+                run=self.kit.run,
+                round=1,
+                group=0,
+                sender=SERVER_ID,
+                extra=FrameExtra(shared=key),
+            )
+        ):
+            self.kit._publish(self.t.shared_chunk(key, i), frame, retain=True)
+        self.train(task, shared=(key,))
+        out = self.output(since, self.t.uploads(self.me), task, "result")
+        res = self.result(since, task, TrainResult)
+        self.note_gap(out, res)
+        for i in range(64):
+            self.kit._publish(self.t.shared_chunk(key, i), b"", retain=True)
+        self.kit.verdict("train_shared", not self.trained(out), self.trained(out))
+
+    def handoff(self) -> tuple[str, Output | None]:
+        since, task = len(self.kit.seen), self.kit._task("chn")
+        self.train(task, group=1, position=1, mode="chain", predecessor=PEER, next=DeviceHop(SINK, "sink-task"))
+        self.send(self.start, task, sender=PEER)
+        out = self.output(since, self.t.handoff(SINK, self.me), "sink-task", "handoff")
+        res = self.result(since, task, TrainResult)
+        self.note_gap(out, res)
+        why = self.trained(out)
+        if out is None:
+            why = "nothing arrived on the successor's topic device/<successor>/frames/from/<id> with its task id"
+        self.kit.verdict("handoff_direct", not why, why)
+        return task, out
+
+    def resend(self, task: str, before: Output | None) -> None:
+        since = len(self.kit.seen)
+        self.kit._request(ResendRequest(task, ManagerHop(1)), 1)
+        out = self.output(since, self.t.uploads(self.me), task, "result")
+        same = out is not None and before is not None and np.array_equal(out[1], before[1])
+        self.kit.verdict("resend", same, "no resent output" if out is None else "the resent model differs")
+
+    def relay(self) -> None:
+        since, task = len(self.kit.seen), self.kit._task("rly")
+        self.train(task, group=2, position=1, mode="chain", next=ManagerHop(2))
+        self.send(self.start, task)
+        out = self.output(since, self.t.uploads(self.me), task, "result")
+        res = self.result(since, task, TrainResult)
+        self.note_gap(out, res)
+        self.kit.verdict("train_relay", not self.trained(out), self.trained(out))
+
+    def pretrain(self) -> None:
+        since, task = len(self.kit.seen), self.kit._task("pre")
+        self.kit._request(PretrainRequest(task, 5, 5, 0.01, 1), 1)
+        self.send(self.start, task)
+        out = self.output(since, self.t.uploads(self.me), task, "update")
+        res = self.result(since, task, PretrainResult)
+        why = ""
+        if out is None:
+            why = "no update frame on from/<id>/frames"
+        elif out[1].shape != (self.n_params,) or not np.isfinite(out[1]).all() or not out[1].any():
+            why = "the update is not a finite, non-zero vector of the model's length"
+        elif np.linalg.norm(out[1]) > 0.5 * np.linalg.norm(self.start):
+            why = "the update holds the trained weights, not trained minus start"
+        elif res is None:
+            why = "no pretrain result message after the update frame"
+        self.kit.verdict("pretrain_reply", not why, why)
+
+    def evaluate(self) -> None:
+        since, task = len(self.kit.seen), self.kit._task("evl")
+        self.kit._request(EvaluateRequest(task, 2, "test"), 1)
+        self.send(self.start, task, index=0)
+        self.send(self.start * 0.5, task, index=1)
+        res = self.result(since, task, EvaluateResult)
+        rows = res[0].evaluations if res is not None else ()
+        ok = sorted(r.index for r in rows) == [0, 1] and all(r.correct <= r.n for r in rows)
+        self.kit.verdict("evaluate", ok, "no evaluate result" if res is None else f"rows {rows}")
+
+    def corrupt(self) -> None:
+        since, task = len(self.kit.seen), self.kit._task("bad")
+        self.train(task)
+        (frame,) = encode_frames(
+            self.start,
+            kind="model",
+            run=self.kit.run,
+            round=1,
+            group=0,
+            sender=SERVER_ID,
+            extra=FrameExtra(task, position=0),
+            max_chunk=10**9,
+        )
+        self.kit._publish(self.t.frames(self.me), frame[:-4] + bytes(b ^ 0xFF for b in frame[-4:]))  # bits flipped
+        ignored = self.quiet(since, self.t.uploads(self.me), task, "result")
+        self.send(self.start, task)
+        later = self.output(since, self.t.uploads(self.me), task, "result")
+        self.kit.verdict(
+            "corrupt_frame",
+            ignored and later is not None,
+            "trained on a corrupted frame" if not ignored else "did not train on the good copy",
+        )
+
+    def wrong_predecessor(self) -> None:
+        since, task = len(self.kit.seen), self.kit._task("prd")
+        self.train(task, position=1, mode="chain", predecessor=PEER, next=DeviceHop(SINK, "sink-2"))
+        self.send(self.start, task, sender="conformance-intruder")
+        ignored = self.quiet(since, self.t.handoff(SINK, self.me), "sink-2", "handoff")
+        self.send(self.start, task, sender=PEER)
+        later = self.output(since, self.t.handoff(SINK, self.me), "sink-2", "handoff")
+        self.kit.verdict(
+            "wrong_predecessor",
+            ignored and later is not None,
+            "trained on a stranger's hand-off" if not ignored else "ignored its real predecessor",
+        )
+
+    def stale(self) -> None:
+        since, task = len(self.kit.seen), self.kit._task("old")
+        self.train(task)
+        self.send(self.start, task, rnd=7)
+        ignored = self.quiet(since, self.t.uploads(self.me), task, "result")
+        self.send(self.start, task)
+        later = self.output(since, self.t.uploads(self.me), task, "result")
+        self.kit.verdict(
+            "stale_round",
+            ignored and later is not None,
+            "trained on a model of round 7 for a round-1 task" if not ignored else "missed the real model",
+        )
+
+
+def run_checks(kit: ConformanceKit) -> None:
+    c = _Checks(kit)
+    c.ping()
+    request, _ = c.parallel()
+    c.duplicate(request)
+    c.shared()
+    task, out = c.handoff()
+    c.resend(task, out)
+    c.relay()
+    c.pretrain()
+    c.evaluate()
+    c.corrupt()
+    c.wrong_predecessor()
+    c.stale()
+    late = [g for g in c.gaps if g > AT_ONCE_S]
+    kit.verdict(
+        "result_follows_frames",
+        not late and bool(c.gaps),
+        f"result messages came {', '.join(f'{g:.1f} s' for g in late)} after the output frames",
+    )

@@ -1,0 +1,90 @@
+"""covey's agent, broken on purpose in three ways a third-party device got wrong.
+
+1. Its frames carry ``"group": null`` (the protocol's ``group`` is an integer, -1 for
+   none).
+2. It sends each train result 4 s after its output frames (as if it waited for the
+   broker's acknowledgement first), not at once.
+3. It answers ``pretrain`` with the trained weights instead of trained minus start,
+   and sends no result message.
+
+Run like covey-device: ``python tests/mqtt/broken_agent.py --broker ... --run ... --id ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from device import cli, tasks
+from device.protocol import FrameExtra, TrainResult, send_model
+from device.protocol import frames as frames_module
+from device.training import pretrain_locally
+
+_encode = frames_module.encode_frames
+
+
+def _null_group(array: np.ndarray, **kwargs: Any) -> Iterator[bytes]:
+    for frame in _encode(array, **kwargs):
+        (n,) = struct.unpack("<I", frame[4:8])
+        header = json.loads(frame[8 : 8 + n])
+        header["group"] = None
+        head = json.dumps(header).encode()
+        yield frame[:4] + struct.pack("<I", len(head)) + head + frame[8 + n :]
+
+
+_train = tasks.TaskRunner.train
+
+
+def _late_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray) -> None:
+    send = self._send
+
+    def late(body: Any, r: int) -> None:
+        if isinstance(body, TrainResult):
+            time.sleep(4.0)
+        send(body, r)
+
+    self._send = late
+    try:
+        _train(self, request, rnd, weights)
+    finally:
+        self._send = send
+
+
+def _wrong_pretrain(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray) -> None:
+    _, out = self._in_worker(
+        pretrain_locally,
+        self.model,
+        self.train_data,
+        steps=request.steps,
+        batch=request.batch,
+        lr=request.lr,
+        start=weights,
+        seed=request.seed,
+        rnd=rnd,
+        device_id=self.me,
+    )
+    send_model(
+        self._publish,
+        self.topics.uploads(self.me),
+        out.weights,
+        kind="update",
+        run=self.run,
+        round=rnd,
+        group=-1,
+        sender=self.me,
+        extra=FrameExtra(request.task_id),
+    )
+
+
+frames_module.encode_frames = _null_group  # type: ignore[assignment]
+tasks.TaskRunner.train = _late_train  # type: ignore[method-assign]
+tasks.TaskRunner.pretrain = _wrong_pretrain  # type: ignore[method-assign]
+
+if __name__ == "__main__":
+    sys.exit(cli.main(sys.argv[1:]))

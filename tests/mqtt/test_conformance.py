@@ -1,0 +1,95 @@
+"""The conformance kit passes covey's own agent and names what a broken device gets wrong."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from covey.cli import main
+from server.conformance import RULES, run_conformance
+from server.fleet import leaf_writers, start_fleet
+from tests.mqtt.conftest import femnist_root
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_covey_agent_conforms_to_every_rule(broker, tmp_path, capsys) -> None:
+    # Prepare: one of covey's agents on the run the kit will play the server of
+    root = femnist_root()
+    with start_fleet(
+        root,
+        leaf_writers(root, 1),
+        run="conf-ok",
+        host=broker.host,
+        port=broker.port,
+        log_dir=tmp_path,
+        device_ids=["board1"],
+    ):
+        # Execute: the command a user types
+        code = main(
+            ["conformance", "--broker", broker.address, "--run", "conf-ok", "--device", "board1", "--timeout", "30"]
+        )
+
+    # Assert
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"{len(RULES)} of {len(RULES)} rules hold" in out
+    assert "FAIL" not in out
+
+
+def test_a_device_breaking_three_rules_gets_three_named_failures(broker, tmp_path) -> None:
+    from covey.paths import ensure_model
+
+    # Prepare: the broken device, as a third party's process
+    root = femnist_root()
+    writer = leaf_writers(root, 1)[0]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    log = (tmp_path / "broken.log").open("wb")
+    device = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "tests" / "mqtt" / "broken_agent.py"),
+            "--broker",
+            broker.address,
+            "--run",
+            "conf-bad",
+            "--id",
+            "broken1",
+            "--data",
+            str(root / "train"),
+            "--test",
+            str(root / "test"),
+            "--user",
+            writer,
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--threads",
+            "1",
+            "--idle-timeout",
+            "300",
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        # Execute
+        report = run_conformance(
+            broker.host, broker.port, "conf-bad", "broken1", ensure_model("mlp_femnist"), timeout=30
+        )
+    finally:
+        device.terminate()
+        device.wait(30)
+
+    # Assert: exactly the three broken rules fail, each with what was seen
+    failed = {v.rule: v.detail for v in report.failed}
+    assert set(failed) == {"frames_well_formed", "result_follows_frames", "pretrain_reply"}, report.table()
+    assert "group must be an integer" in failed["frames_well_formed"]
+    assert "after the output frames" in failed["result_follows_frames"]
+    assert "trained weights, not trained minus start" in failed["pretrain_reply"]
