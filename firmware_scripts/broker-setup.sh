@@ -20,14 +20,14 @@ sudo touch passwords
   echo "user server"
   echo "topic readwrite covey/$RUN/#"
   for id in "$@"; do
+    # protocol 2 (docs/protocol.md): a device writes only topics that carry its id
     echo "user $id"
     echo "topic read covey/$RUN/device/$id/#"
-    echo "topic write covey/$RUN/device/$id/status"
     echo "topic read covey/$RUN/artifact/#"
     echo "topic read covey/$RUN/shared/#"
-    echo "topic write covey/$RUN/server/#"
-    echo "topic write covey/$RUN/group/+/frames"
-    echo "topic write covey/$RUN/device/+/frames"
+    echo "topic read covey/$RUN/server/status"
+    echo "topic write covey/$RUN/from/$id/#"
+    echo "topic write covey/$RUN/device/+/frames/from/$id"
   done
 } | sudo tee acl >/dev/null
 for user in server "$@"; do
