@@ -256,14 +256,21 @@ class Agent:
         msg = decode_message(payload)
         if not isinstance(msg.body, ServerStatus) or msg.sender != SERVER_ID:
             raise ProtocolError("server/status carried something other than the server's status")
-        if msg.body.state == "running" and msg.body.epoch != self._server_epoch:
-            known = self._server_epoch is not None
-            self._server_epoch = msg.body.epoch
-            if self.model is not None:
-                log.info(
-                    "%s: %s coordinator (epoch %s); registering", self.me, "a new" if known else "the", msg.body.epoch
-                )
-                self._register()
+        status = msg.body
+        if status.state != "running" or status.epoch == self._server_epoch:
+            return
+        known = self._server_epoch is not None
+        self._server_epoch = status.epoch
+        if self.model is not None and status.model_sha256 not in (None, self.model.manifest.sha256):
+            # a new coordinator with another model: its artifact came before this status
+            log.info("%s: the run's model changed; loading the new one", self.me)
+            self.model, self.runner = None, None
+            self._waiting.clear()
+            self._try_load_model()  # registers once loaded
+            return
+        if self.model is not None:
+            log.info("%s: %s coordinator (epoch %s); registering", self.me, "a new" if known else "the", status.epoch)
+            self._register()
 
     # -- requests ---------------------------------------------------------------------------
     def _on_request(self, msg: Message) -> None:

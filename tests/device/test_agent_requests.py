@@ -87,3 +87,54 @@ def test_garbage_on_any_topic_is_dropped_and_the_agent_goes_on(agent: Agent, top
     agent.handle(Incoming(topic, payload, False))
     assert sum(agent.stats.dropped.values()) == 1
     assert agent.running
+
+
+def _artifact_items(run: str, model_bytes: bytes, manifest: dict) -> list[Incoming]:
+    from device.protocol import encode_frames
+
+    t = Topics(run)
+    frames = encode_frames(
+        np.frombuffer(model_bytes, np.uint8),
+        kind="artifact",
+        run=run,
+        round=0,
+        group=-1,
+        sender=SERVER_ID,
+        max_chunk=200_000,
+    )
+    items = [Incoming(t.artifact_chunk(i), f, True) for i, f in enumerate(frames)]
+    return [*items, Incoming(t.artifact_manifest, json.dumps(manifest).encode(), True)]
+
+
+def _status(run: str, epoch: str, sha: str) -> Incoming:
+    from device.protocol import ServerStatus
+
+    body = ServerStatus(epoch, "running", model_sha256=sha)
+    return Incoming(Topics(run).server_status, Message.of(body, run=run, sender=SERVER_ID).encode(), True)
+
+
+def test_a_new_coordinator_with_another_model_makes_the_agent_load_it(agent: Agent, zoo_model) -> None:
+    from device.manifest import load_manifest, manifest_path_for
+    from server.artifact import device_artifact
+
+    # Prepare: two artifacts of the same architecture (stripped, and with initial values)
+    path = zoo_model("mclr_synthetic")
+    full_bytes, full_manifest = path.read_bytes(), load_manifest(manifest_path_for(path)).to_dict()
+    stripped_bytes, stripped_manifest = device_artifact(full_bytes, full_manifest)
+    assert stripped_manifest["sha256"] != full_manifest["sha256"]
+
+    # Execute: the first coordinator's model, then a new coordinator (epoch) with the other
+    for item in _artifact_items("run1", stripped_bytes, stripped_manifest):
+        agent.handle(item)
+    agent.handle(_status("run1", "e1", stripped_manifest["sha256"]))
+    first = agent.model
+    for item in _artifact_items("run1", full_bytes, full_manifest):
+        agent.handle(item)
+    still = agent.model
+    agent.handle(_status("run1", "e2", full_manifest["sha256"]))
+
+    # Assert
+    assert first is not None and first.manifest.sha256 == stripped_manifest["sha256"]
+    assert still is first  # a re-published artifact alone changes nothing mid-run
+    assert agent.model is not None and agent.model.manifest.sha256 == full_manifest["sha256"]
+    assert agent.stats.dropped == {}
