@@ -34,6 +34,7 @@ from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.protocol import (
     PROTOCOL_VERSION,
     SERVER_ID,
+    Ack,
     EvaluateRequest,
     Message,
     Payload,
@@ -165,7 +166,11 @@ class Agent:
     def run_forever(self, idle_timeout: float | None = None) -> None:
         """Serve requests until a ``stop`` (or ``idle_timeout`` seconds of silence)."""
         last = time.monotonic()
+        connections = self.link.connections
         while self.running:
+            if self.link.connections > connections:  # reconnected: what the broker may have lost goes again
+                connections = self.link.connections
+                self._redeliver_held("reconnected")
             item = self.link.receive(timeout=1.0)
             if item is None:
                 if idle_timeout is not None and time.monotonic() - last > idle_timeout:
@@ -271,6 +276,8 @@ class Agent:
         if self.model is not None:
             log.info("%s: %s coordinator (epoch %s); registering", self.me, "a new" if known else "the", status.epoch)
             self._register()
+            if known:
+                self._redeliver_held("a new coordinator")
 
     # -- requests ---------------------------------------------------------------------------
     def _on_request(self, msg: Message) -> None:
@@ -286,6 +293,9 @@ class Agent:
             self.running = False
         elif isinstance(body, ResendRequest):
             self._work().resend(body)
+        elif isinstance(body, Ack):
+            n = self.state.forget(body.task_ids)
+            log.info("%s: the server holds %d of my results; forgot them", self.me, n)
         elif isinstance(body, (TrainRequest, PretrainRequest, EvaluateRequest)):
             self._accept_request(body, msg.round)
         else:
@@ -294,7 +304,13 @@ class Agent:
     def _accept_request(self, request: Request, rnd: int) -> None:
         task_id = request.task_id
         if self.state.is_done(task_id) or task_id in self._waiting:
-            self.stats.drop("duplicate request")
+            # a resumed coordinator re-issues its round: a result it may have lost goes again
+            resent = (
+                isinstance(request, TrainRequest)
+                and self.runner is not None
+                and self.runner.redeliver(task_id, request.next)
+            )
+            self.stats.drop("duplicate request (result sent again)" if resent else "duplicate request")
             return
         self._waiting[task_id] = _Task(request, rnd)
         log.info("%s: round %d %s request %s; waiting for its model", self.me, rnd, type(request).__name__, task_id)
@@ -368,6 +384,11 @@ class Agent:
             self.link.unsubscribe(*(self.topics.shared_filter(k) for k in unused))
 
     # -- work ------------------------------------------------------------------------------
+    def _redeliver_held(self, why: str) -> None:
+        if self.runner is not None and self.state.held:
+            n = self.runner.redeliver_all()
+            log.info("%s: %s: delivered %d unacknowledged results again", self.me, why, n)
+
     def _work(self) -> TaskRunner:
         if self.runner is None:
             raise ModelError("no model artifact yet; cannot train")
@@ -384,7 +405,6 @@ class Agent:
             self.link.publish(self.topics.status(self.me), b"offline", retain=True, wait=2.0)
         with contextlib.suppress(Exception):
             self.link.close()
-
 
 
 def _available_memory_mb() -> int:

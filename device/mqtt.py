@@ -137,6 +137,7 @@ class MqttLink:
         self._queue: queue.Queue[Incoming] = queue.Queue(max_queue)
         self._connected = threading.Event()
         self._refused: str | None = None
+        self.connections = 0  # successful connects so far: more than one means it reconnected
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
         self.dropped = 0
@@ -170,6 +171,7 @@ class MqttLink:
             topics = list(self._subscriptions)
         for topic in topics:
             client.subscribe(topic, qos=1)
+        self.connections += 1
         self._connected.set()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]

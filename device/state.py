@@ -1,10 +1,14 @@
 """What a device keeps on disk between restarts, written atomically.
 
-``state.json`` holds the device id, the run, the ids of the tasks it finished (the
-last 500, so a redelivered request is not trained twice) and the request of its last
-output; ``last_output.npy`` holds that output, so a restarted agent can still answer
-a ``resend`` for work it finished before the restart. Both are written to a
-temporary file, flushed and renamed: a power cut leaves the old state or the new one.
+``state.json`` holds the device id, the run and the ids of the tasks it finished (the
+last 500, so a redelivered request is not trained twice). Every finished training
+result is *held* until the coordinator acknowledges it (``ack``): its output model
+in ``held/<task>.npy`` and, in ``held/<task>.json``, where it went (round, group,
+position, destination) and the result message. A held result is delivered again
+when the same request arrives again (a resumed coordinator re-issues its round), when
+a new coordinator appears, after a reconnect, and on ``resend``; so a restart of the
+coordinator, the broker or the device loses no trained work. Files are written to a
+temporary name, flushed and renamed: a power cut leaves the old state or the new one.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 log = logging.getLogger("covey.device")
 KEEP_TASKS = 500
+KEEP_HELD = 16  # results never acknowledged (an old server) do not fill the disk
 
 
 def atomic_write(path: Path, data: bytes) -> None:
@@ -34,33 +39,63 @@ def atomic_write(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+@dataclass(frozen=True)
+class HeldResult:
+    """A finished training task the coordinator has not acknowledged yet."""
+
+    task_id: str
+    round: int
+    group: int
+    position: int
+    to: dict[str, Any]  # the destination's body (a DeviceHop or ManagerHop)
+    message: bytes  # the encoded result message, sent again as it was
+    weights: np.ndarray = field(repr=False)
+
+
 @dataclass
 class AgentState:
     directory: Path
     done_tasks: list[str] = field(default_factory=list)
-    last_output: np.ndarray | None = None
-    last_output_task: dict[str, Any] | None = None  # {"task_id", "round", "group", "position"}
+    held: dict[str, HeldResult] = field(default_factory=dict)
 
     @property
     def _file(self) -> Path:
         return self.directory / "state.json"
 
     @property
-    def _output_file(self) -> Path:
-        return self.directory / "last_output.npy"
+    def _held_dir(self) -> Path:
+        return self.directory / "held"
 
     def load(self) -> None:
-        if not self._file.exists():
-            return
-        try:
-            state = json.loads(self._file.read_text())
-            self.done_tasks = [str(t) for t in state.get("done_tasks", [])][-KEEP_TASKS:]
-            if self._output_file.exists():
-                self.last_output = np.load(self._output_file, allow_pickle=False)
-                self.last_output_task = state.get("last_output_task")
-            log.info("%s: resumed (%d finished tasks on record)", self.directory.name, len(self.done_tasks))
-        except (OSError, ValueError, TypeError, AttributeError) as exc:
-            log.warning("%s: ignoring an unreadable state file (%s)", self.directory, exc)
+        if self._file.exists():
+            try:
+                state = json.loads(self._file.read_text())
+                self.done_tasks = [str(t) for t in state.get("done_tasks", [])][-KEEP_TASKS:]
+            except (OSError, ValueError, TypeError, AttributeError) as exc:
+                log.warning("%s: ignoring an unreadable state file (%s)", self.directory, exc)
+        for meta in sorted(self._held_dir.glob("*.json")) if self._held_dir.is_dir() else []:
+            try:
+                raw = json.loads(meta.read_text())
+                weights = np.load(meta.parent / f"{meta.name[: -len('.json')]}.npy", allow_pickle=False)
+                held = HeldResult(
+                    str(raw["task_id"]),
+                    int(raw["round"]),
+                    int(raw["group"]),
+                    int(raw["position"]),
+                    dict(raw["to"]),
+                    str(raw["message"]).encode(),
+                    weights,
+                )
+                self.held[held.task_id] = held
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                log.warning("%s: ignoring an unreadable held result %s (%s)", self.directory, meta.name, exc)
+        if self.done_tasks or self.held:
+            log.info(
+                "%s: resumed (%d finished tasks, %d results held)",
+                self.directory.name,
+                len(self.done_tasks),
+                len(self.held),
+            )
 
     def finished(self, task_id: str) -> None:
         if task_id not in self.done_tasks:
@@ -70,15 +105,34 @@ class AgentState:
     def is_done(self, task_id: str) -> bool:
         return task_id in self.done_tasks
 
-    def save(self, device_id: str, run: str) -> None:
-        state = {
-            "device_id": device_id,
-            "run": run,
-            "done_tasks": self.done_tasks,
-            "last_output_task": self.last_output_task,
+    def hold(self, result: HeldResult) -> None:
+        """Keep ``result`` on disk until acknowledged (the oldest beyond a few go)."""
+        buffer = io.BytesIO()
+        np.save(buffer, result.weights, allow_pickle=False)
+        atomic_write(self._held_dir / f"{result.task_id}.npy", buffer.getvalue())
+        meta = {
+            "task_id": result.task_id,
+            "round": result.round,
+            "group": result.group,
+            "position": result.position,
+            "to": result.to,
+            "message": result.message.decode(),
         }
-        if self.last_output is not None:
-            buffer = io.BytesIO()
-            np.save(buffer, self.last_output, allow_pickle=False)
-            atomic_write(self._output_file, buffer.getvalue())
+        atomic_write(self._held_dir / f"{result.task_id}.json", json.dumps(meta).encode())
+        self.held[result.task_id] = result
+        while len(self.held) > KEEP_HELD:
+            self.forget([min(self.held.values(), key=lambda h: h.round).task_id])
+
+    def forget(self, task_ids: list[str] | tuple[str, ...]) -> int:
+        """Drop acknowledged results; returns how many were held."""
+        n = 0
+        for task_id in task_ids:
+            if self.held.pop(task_id, None) is not None:
+                n += 1
+                for suffix in (".json", ".npy"):
+                    (self._held_dir / f"{task_id}{suffix}").unlink(missing_ok=True)
+        return n
+
+    def save(self, device_id: str, run: str) -> None:
+        state = {"device_id": device_id, "run": run, "done_tasks": self.done_tasks}
         atomic_write(self._file, json.dumps(state).encode())

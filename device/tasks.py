@@ -4,8 +4,8 @@
 runs too) and answers in the protocol's order: a trained model goes to the successor
 (direct hand-off) or the group manager, and the ``result`` message follows at once;
 a pre-training reply is one ``update`` frame, then a ``pretrain`` result; an
-evaluation is one ``evaluate`` result. The last output is kept on disk for a
-``resend``.
+evaluation is one ``evaluate`` result. A training result is held on disk until the
+coordinator acknowledges it (``device/state.py``) and delivered again when asked.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from device.protocol import (
     FrameExtra,
     FrameKind,
     Hop,
+    Message,
     PretrainRequest,
     PretrainResult,
     ResendRequest,
@@ -34,8 +35,9 @@ from device.protocol import (
     TrainResult,
     send_model,
 )
+from device.protocol.typed import read_value, to_body
 from device.runtime import TFLiteModel
-from device.state import AgentState
+from device.state import AgentState, HeldResult
 from device.training import evaluate_locally, pretrain_locally, train_locally
 
 log = logging.getLogger("covey.device")
@@ -81,13 +83,6 @@ class TaskRunner:
         )
         seconds = time.perf_counter() - start
         self.trained += 1
-        self.state.last_output = out.weights
-        self.state.last_output_task = {
-            "task_id": request.task_id,
-            "round": rnd,
-            "group": request.group,
-            "position": request.position,
-        }
         self.state.finished(request.task_id)
         delivered = time.perf_counter()
         self.deliver(out.weights, request.task_id, rnd, request.group, request.position, request.next)
@@ -102,8 +97,14 @@ class TaskRunner:
             train_seconds=seconds,
             deliver_seconds=time.perf_counter() - delivered,
         )
-        self._send(result, rnd)  # at once after the frames: the server waits on both
-        self.state.save(self.me, self.run)  # for a resend after a restart; off the critical path
+        message = Message.of(result, run=self.run, sender=self.me, round=rnd).encode()
+        self._publish(self.topics.results(self.me), message, False)  # at once after the frames
+        # held until the coordinator acknowledges it; off the round's critical path
+        held = HeldResult(
+            request.task_id, rnd, request.group, request.position, to_body(request.next), message, out.weights
+        )
+        self.state.hold(held)
+        self.state.save(self.me, self.run)
         log.info(
             "%s: round %d group %d position %d trained %d samples, loss %.3f (%.1f s)",
             self.me,
@@ -114,6 +115,24 @@ class TaskRunner:
             out.loss,
             seconds,
         )
+
+    def redeliver(self, task_id: str, to: Hop | None = None) -> bool:
+        """Deliver a held result again (its model to ``to`` or where it went first, then
+        its result message); False if nothing is held for ``task_id``."""
+        held = self.state.held.get(task_id)
+        if held is None:
+            return False
+        hop = to if to is not None else read_value(Hop, held.to, "held destination")
+        self.deliver(held.weights, task_id, held.round, held.group, held.position, hop)
+        self._publish(self.topics.results(self.me), held.message, False)
+        log.info("%s: delivered the held result of %s again", self.me, task_id)
+        return True
+
+    def redeliver_all(self) -> int:
+        """Every result not yet acknowledged, oldest round first (after a reconnect or
+        when a new coordinator appears)."""
+        held = sorted(self.state.held.values(), key=lambda h: h.round)
+        return sum(self.redeliver(h.task_id) for h in held)
 
     def deliver(self, weights: np.ndarray, task_id: str, rnd: int, group: int, position: int, to: Hop) -> None:
         """Send a trained model on: to the successor (direct) or the group manager."""
@@ -136,19 +155,14 @@ class TaskRunner:
         )
 
     def resend(self, request: ResendRequest) -> None:
-        """The manager lost a hand-off (a successor missed its deadline): send the last
+        """The manager lost a hand-off (a successor missed its deadline): send the held
         output again, to the destination the request names."""
-        last = self.state.last_output_task
-        if self.state.last_output is None or not last or last.get("task_id") != request.task_id:
-            raise ProtocolError(f"resend of task {request.task_id!r}, but the last output on record is for another")
-        self.deliver(
-            self.state.last_output,
-            request.task_id,
-            int(last["round"]),
-            int(last["group"]),
-            int(last["position"]),
-            request.to,
-        )
+        held = self.state.held.get(request.task_id)
+        if held is None:
+            raise ProtocolError(
+                f"resend of task {request.task_id!r}, for which this device holds no output (acknowledged or unknown)"
+            )
+        self.deliver(held.weights, request.task_id, held.round, held.group, held.position, request.to)
 
     def pretrain(self, request: PretrainRequest, rnd: int, weights: np.ndarray) -> None:
         """Pre-train; reply with the ``update`` frame, then the result message."""

@@ -26,10 +26,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
 from device.errors import ModelError
+
+log = logging.getLogger("covey.server")
 
 BUFFER_PREFIX = "buffer_"  # deferred-update factors, gradient sums: small, and must start at zero
 
@@ -115,3 +118,15 @@ def write_device_artifact(model_path: Path, out_dir: Path) -> Path:
     out.write_bytes(stripped)
     manifest_path_for(out).write_text(json.dumps(manifest))
     return out
+
+
+def artifact_for_devices(model_path: Path, manifest: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """What a server publishes for devices: the stripped artifact and its manifest, or
+    the model as it is (with a warning) when it cannot be stripped. The manifest's
+    ``sha256`` is what the server names in its status."""
+    model_bytes = Path(model_path).read_bytes()
+    try:
+        return device_artifact(model_bytes, manifest)
+    except ModelError as exc:
+        log.warning("publishing %s with its initial values: %s", Path(model_path).name, exc)
+        return model_bytes, manifest

@@ -44,7 +44,7 @@ from device.protocol import (
 )
 from device.protocol.typed import from_body
 from device.runtime import TFLiteModel
-from server.artifact import device_artifact
+from server.artifact import artifact_for_devices
 
 RULES: dict[str, str] = {
     "register": "registers on from/<id>/register with one class count per model class, summing to n_samples",
@@ -56,7 +56,7 @@ RULES: dict[str, str] = {
     "resend": "sends its last output again on request",
     "pretrain_reply": "answers pretrain with one update frame of trained minus start weights, then a pretrain result",
     "evaluate": "answers evaluate with one row per model (loss, correct <= n)",
-    "duplicate_request": "trains a request once even when it arrives twice",
+    "duplicate_request": "trains a request once even when it arrives twice (it may send the held result again)",
     "corrupt_frame": "ignores a frame whose sha256 does not match and trains on the good copy",
     "wrong_predecessor": "ignores a hand-off from a device that is not its predecessor",
     "stale_round": "ignores a model of another round",
@@ -234,7 +234,7 @@ class ConformanceKit:
     def setup(self) -> Register | None:
         self.link.connect(15)
         self.link.subscribe(self.topics.everything)
-        model_bytes, manifest = device_artifact(self.model_path.read_bytes(), self.manifest.to_dict())
+        model_bytes, manifest = artifact_for_devices(self.model_path, self.manifest.to_dict())
         for i, frame in enumerate(
             encode_frames(
                 np.frombuffer(model_bytes, np.uint8), kind="artifact", run=self.run, round=0, group=-1, sender=SERVER_ID
@@ -242,7 +242,7 @@ class ConformanceKit:
         ):
             self._publish(self.topics.artifact_chunk(i), frame, retain=True)
         self._publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True)
-        status = ServerStatus(self.epoch, "running", model_sha256=self.manifest.sha256)
+        status = ServerStatus(self.epoch, "running", model_sha256=manifest["sha256"])
         self._publish(self.topics.server_status, Message.of(status, run=self.run, sender=SERVER_ID).encode(), True)
         found = self.wait_for(
             lambda since: next((m for m, _ in self._messages(0, "register") if isinstance(m.body, Register)), None),

@@ -139,12 +139,22 @@ class _Checks:
         self.kit.verdict("train_parallel", not why, why)
         return request, out
 
-    def duplicate(self, request: TrainRequest) -> None:
+    def duplicate(self, request: TrainRequest, first: Output | None) -> None:
+        """The same request again: the device must not train again. It may deliver the
+        result it holds once more (a resumed coordinator relies on that): the same
+        model and the same result message (same message id), never a new one."""
+        ids = {m.id for m, _ in self.kit._messages(0, "results") if getattr(m.body, "task_id", None) == request.task_id}
         since = len(self.kit.seen)
         self.kit._request(request, 1)
         self.send(self.start, request.task_id)
         again = self.output(since, self.t.uploads(self.me), request.task_id, "result", timeout=QUIET_S)
-        self.kit.verdict("duplicate_request", again is None, "trained the same task twice")
+        new_results = [
+            m
+            for m, _ in self.kit._messages(since, "results")
+            if getattr(m.body, "task_id", None) == request.task_id and m.id not in ids
+        ]
+        same = again is None or (first is not None and np.array_equal(again[1], first[1]))
+        self.kit.verdict("duplicate_request", same and not new_results, "trained the same task twice")
 
     def shared(self) -> None:
         since, task, key = len(self.kit.seen), self.kit._task("shr"), f"conf-{self.kit.epoch}-shared"
@@ -277,8 +287,8 @@ class _Checks:
 def run_checks(kit: ConformanceKit) -> None:
     c = _Checks(kit)
     c.ping()
-    request, _ = c.parallel()
-    c.duplicate(request)
+    request, first = c.parallel()
+    c.duplicate(request, first)
     c.shared()
     task, out = c.handoff()
     c.resend(task, out)

@@ -189,6 +189,7 @@ class RoundDriver:
         self.server_eval = server_eval
         self.cost_model = cost_model or CostModel()
         self.last_round = last_round
+        self.on_planned: Callable[[RoundPlan], None] | None = None  # e.g. the coordinator's round journal
         self.rnd = 0
         self.records: list[RoundRecord] = []
         self.context: RoundContext = _Context(self)
@@ -203,11 +204,19 @@ class RoundDriver:
         """Continue after round ``rnd`` (the strategy was restored from a checkpoint)."""
         self.rnd, self.records, self.model_bytes = rnd, list(records), model_bytes
 
-    def step(self) -> RoundRecord:
+    def step(self, planned: RoundPlan | None = None) -> RoundRecord:
+        """One round. ``planned``: the plan of this round journaled before a crash (the
+        strategy was restored as it was right after planning), executed instead of
+        planning again."""
         self.rnd += 1
         start = time.perf_counter()
         extra = dict(self.backend.before_round(self.rnd))
-        plan = self.strategy.plan_round(self.rnd, self.context)
+        if planned is not None:
+            plan = planned
+        else:
+            plan = self.strategy.plan_round(self.rnd, self.context)
+            if self.on_planned is not None:
+                self.on_planned(plan)
         results = self.backend.execute(plan, seed=self.seed)
         summary = self.strategy.aggregate(self.rnd, plan, results)
         fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))

@@ -11,7 +11,9 @@ checkpoint therefore fails with a clear error instead of executing anything.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
+import io
 import json
 import os
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from device.errors import ConfigError
+from device.state import atomic_write
 
 ALLOWED_PREFIXES = ("server.", "device.")
 
@@ -98,15 +101,27 @@ def _decode(tree: Any, arrays: Any) -> Any:
 
 
 def save(state: dict[str, Any], directory: Path, name: str = "checkpoint") -> None:
-    """Write ``name.json`` and ``name.npz`` atomically."""
+    """Write ``name.json`` and ``name.npz``: each to a temporary file, flushed to disk,
+    then renamed, the arrays first. The JSON names the arrays' digest, so a crash
+    between the two renames is detected on load instead of mixing two checkpoints."""
     enc = _Encoder()
     tree = enc.encode(state)
-    tmp_npz = directory / f"{name}.tmp.npz"
-    np.savez(tmp_npz, **enc.arrays)  # type: ignore[arg-type]
-    tmp_json = directory / f"{name}.json.tmp"
-    tmp_json.write_text(json.dumps(tree))
-    os.replace(tmp_npz, directory / f"{name}.npz")
-    os.replace(tmp_json, directory / f"{name}.json")
+    buffer = io.BytesIO()
+    np.savez(buffer, **enc.arrays)  # type: ignore[arg-type]
+    arrays = buffer.getvalue()
+    doc = {"arrays_sha256": hashlib.sha256(arrays).hexdigest(), "state": tree}
+    atomic_write(directory / f"{name}.npz", arrays)
+    atomic_write(directory / f"{name}.json", json.dumps(doc).encode())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # the renames themselves
+    finally:
+        os.close(fd)
+
+
+def remove(directory: Path, name: str) -> None:
+    for suffix in (".json", ".npz"):
+        (directory / f"{name}{suffix}").unlink(missing_ok=True)
 
 
 def load(directory: Path, name: str = "checkpoint") -> dict[str, Any] | None:
@@ -115,9 +130,14 @@ def load(directory: Path, name: str = "checkpoint") -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
-        tree = json.loads(path.read_text())
-        with np.load(directory / f"{name}.npz", allow_pickle=False) as arrays:
-            state = _decode(tree, arrays)
+        doc = json.loads(path.read_text())
+        data = (directory / f"{name}.npz").read_bytes()
+        if not isinstance(doc, dict) or "state" not in doc:
+            raise ValueError("not a covey checkpoint")
+        if hashlib.sha256(data).hexdigest() != doc.get("arrays_sha256"):
+            raise ValueError(f"{name}.npz does not belong to {name}.json (interrupted write?)")
+        with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
+            state = _decode(doc["state"], arrays)
     except (OSError, ValueError, KeyError, AttributeError, ImportError) as exc:
         raise ConfigError(f"checkpoint in {directory} cannot be read ({exc}); remove it to start afresh") from None
     if not isinstance(state, dict):

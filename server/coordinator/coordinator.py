@@ -23,11 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from device.data import Dataset
-from device.errors import CoveyError, ModelError, ProtocolError, TransportError
+from device.errors import CoveyError, ProtocolError, TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.protocol import (
     SERVER_ID,
+    Ack,
     EvalRow,
     Message,
     Payload,
@@ -44,7 +45,7 @@ from device.protocol import (
     send_model,
 )
 from device.runtime import TFLiteModel
-from server.artifact import device_artifact
+from server.artifact import artifact_for_devices
 from server.coordinator import checkpoint
 from server.coordinator.execution import RoundExecution
 from server.coordinator.registry import DeviceRecord, Registry
@@ -90,12 +91,15 @@ class Coordinator:
         self.manifest: Manifest = load_manifest(manifest_path_for(self.model_path))
         self.model = TFLiteModel(self.model_path, self.manifest)
         self.eval_data = eval_data
+        self.artifact_bytes, self.artifact_manifest = artifact_for_devices(self.model_path, self.manifest.to_dict())
         self.epoch = uuid.uuid4().hex[:8]  # this process; task ids and shared keys carry it
         self.registry = Registry(self.manifest.n_classes)
         self.round = 0
         self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
+        self._recent_ids: dict[str, None] = {}  # message ids seen lately, oldest first
         self._started = False
+        self._resumed_plan: RoundPlan | None = None
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = MqttLink(
             f"covey-{config.run}-server",
@@ -104,7 +108,8 @@ class Coordinator:
             username=config.username,
             password=config.password,
             tls=config.tls,
-            clean_session=True,
+            # persistent: what devices send while the coordinator restarts waits for it
+            clean_session=False,
             will=Will(self.topics.server_status, self._status("stopped"), retain=True),
         )
         self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)
@@ -125,13 +130,14 @@ class Coordinator:
             federated_eval_every=config.federated_eval_every,
             server_eval=self._server_eval if eval_data is not None else None,
         )
+        self.driver.on_planned = self._journal
 
     # -- setup ----------------------------------------------------------------------------
     def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:
         self.link.publish(topic, data, retain=retain)
 
     def _status(self, state: str) -> bytes:
-        body = ServerStatus(self.epoch, state, model_sha256=self.manifest.sha256)  # type: ignore[arg-type]
+        body = ServerStatus(self.epoch, state, model_sha256=self.artifact_manifest["sha256"])  # type: ignore[arg-type]
         return Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode()
 
     def connect(self, timeout: float = 15.0) -> None:
@@ -154,16 +160,10 @@ class Coordinator:
         every request brings the weights to start from, and the FEMNIST CNN's
         download shrinks from 29 MB to 3 MB and its training peak by about 50 MB.
         """
-        model_bytes = self.model_path.read_bytes()
-        manifest = self.manifest.to_dict()
-        try:
-            model_bytes, manifest = device_artifact(model_bytes, manifest)
-        except ModelError as exc:
-            log.warning("publishing %s with its initial values: %s", self.model_path.name, exc)
         send_model(
             self._publish,
             self.topics.artifact_chunk,
-            np.frombuffer(model_bytes, np.uint8),
+            np.frombuffer(self.artifact_bytes, np.uint8),
             kind="artifact",
             run=self.cfg.run,
             round=0,
@@ -172,11 +172,14 @@ class Coordinator:
             max_chunk=self.cfg.max_chunk,
             retain=True,
         )
-        self.link.publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True, wait=30.0)
+        self.link.publish(
+            self.topics.artifact_manifest, json.dumps(self.artifact_manifest).encode(), retain=True, wait=30.0
+        )
 
-    def drop(self, reason: str, detail: str) -> None:
+    def drop(self, reason: str, detail: str, quiet: bool = False) -> None:
+        """Count a message covey did not use; ``quiet`` for expected ones (duplicates)."""
         self._dropped[reason] = self._dropped.get(reason, 0) + 1
-        log.warning("dropped: %s (%s)", reason, detail)
+        (log.info if quiet else log.warning)("dropped: %s (%s)", reason, detail)
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
@@ -212,6 +215,12 @@ class Coordinator:
                 self._on_frame(device, payload)
             return
         msg = decode_message(item.payload)
+        if msg.id in self._recent_ids:  # QoS 1 and redelivered results may bring a message twice
+            self.drop("duplicate message", f"{msg.type} {msg.id} from {device}", quiet=True)
+            return
+        self._recent_ids[msg.id] = None
+        if len(self._recent_ids) > 20_000:
+            self._recent_ids.pop(next(iter(self._recent_ids)))
         if msg.sender != device:
             raise ProtocolError(f"message claims sender {msg.sender!r} but came from {device!r}")
         if msg.run != self.cfg.run:
@@ -244,7 +253,10 @@ class Coordinator:
             rec.info = ClientInfo(device, int(counts.sum()), counts, rec.info.n_test)
         if msg.round != self.round:
             raise ProtocolError(f"result of round {msg.round} from {device}; the current round is {self.round}")
-        if not self.execution.on_result(device, body):
+        outcome = self.execution.on_result(device, body)
+        if outcome == "duplicate":
+            self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
+        elif outcome == "unexpected":
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
 
     def _on_frame(self, device: str, payload: Payload) -> None:
@@ -259,7 +271,10 @@ class Coordinator:
             raise ProtocolError(f"devices send result and update frames to the server, not {h.kind!r}")
         if h.round != self.round:
             raise ProtocolError(f"result frame of round {h.round} from {device}; current round is {self.round}")
-        if not self.execution.on_frame(payload, weights):
+        outcome = self.execution.on_frame(payload, weights)
+        if outcome == "duplicate":
+            self.drop("duplicate result", f"{device} frame of {h.extra.task_id}", quiet=True)
+        elif outcome == "unexpected":
             raise ProtocolError(f"result frame from {device} that group {h.group} does not expect")
 
     # -- waiting -------------------------------------------------------------------------
@@ -337,8 +352,14 @@ class Coordinator:
         self._started = True
 
     def step(self) -> RoundRecord:
-        record = self.driver.step()
+        """One round; a round journaled before a crash is finished, not planned again.
+        After the checkpoint every member's task is acknowledged, so devices forget the
+        results they held for it."""
+        planned, self._resumed_plan = self._resumed_plan, None
+        record = self.driver.step(planned)
         self.checkpoint()
+        self._acknowledge()
+        self.execution.task_prefix = self.epoch
         log.info(
             "round %d: server accuracy %.2f%%, federated %.2f%%, %d groups, %d trained, %d skipped, %.1f s",
             record.round,
@@ -351,29 +372,55 @@ class Coordinator:
         )
         return record
 
+    def _acknowledge(self) -> None:
+        for device, task_ids in self.execution.task_ids().items():
+            msg = Message.of(Ack(tuple(task_ids)), run=self.cfg.run, sender=SERVER_ID, round=self.round)
+            self._publish(self.topics.inbox(device), msg.encode())
+
     # -- checkpoints ----------------------------------------------------------------------
-    def checkpoint(self) -> None:
-        """Round, registry, records and the strategy's state (JSON + npz, no pickle)."""
-        state = {
+    def _state(self) -> dict[str, object]:
+        return {
             "round": self.driver.rnd,
             "model_bytes": self.driver.model_bytes,
             "strategy": self.strategy,
             "devices": self.devices,
             "records": records_as_dicts(self.records),
         }
-        checkpoint.save(state, self.cfg.state_dir)
+
+    def checkpoint(self) -> None:
+        """Round, registry, records and the strategy's state (JSON + npz, no pickle)."""
+        checkpoint.save(self._state(), self.cfg.state_dir)
+        checkpoint.remove(self.cfg.state_dir, "journal")
+
+    def _journal(self, plan: RoundPlan) -> None:
+        """The round's plan and the strategy as planning left it, with the task ids'
+        prefix: a coordinator resumed after a crash finishes this very round."""
+        state = {**self._state(), "round": self.driver.rnd, "plan": plan, "task_prefix": self.execution.task_prefix}
+        checkpoint.save(state, self.cfg.state_dir, "journal")
 
     def resume(self) -> bool:
+        """Continue from the last checkpoint, and finish a round the journal shows was
+        in progress (same plan, same task ids: devices deliver what they already
+        trained at once and nothing is counted twice)."""
         state = checkpoint.load(self.cfg.state_dir)
-        if state is None:
+        journal = checkpoint.load(self.cfg.state_dir, "journal")
+        done = int(state["round"]) if state is not None else 0
+        if journal is not None and int(journal["round"]) != done + 1:
+            journal = None  # a stale journal: its round was checkpointed
+        source = state if state is not None else journal
+        if source is None:
             return False
-        self.strategy = self.driver.strategy = state["strategy"]
-        self.registry.devices.update(state.get("devices", {}))  # devices registered before the restart
-        records = [record_from_dict(r) for r in state.get("records", [])]
-        self.driver.resume(int(state["round"]), records, int(state.get("model_bytes", 0)))
-        self.round = int(state["round"])
+        self.registry.devices.update(source.get("devices", {}))  # devices registered before the restart
+        records = [record_from_dict(r) for r in source.get("records", [])]
+        self.driver.resume(done, records, int(source.get("model_bytes", 0)))
+        self.strategy = self.driver.strategy = source["strategy"]
+        if journal is not None:
+            self.strategy = self.driver.strategy = journal["strategy"]
+            self._resumed_plan = journal["plan"]
+            self.execution.task_prefix = str(journal["task_prefix"])
+        self.round = done
         self._started = True
-        log.info("resumed from the checkpoint of round %d", self.round)
+        log.info("resumed after round %d%s", done, f"; finishing round {done + 1}" if journal is not None else "")
         return True
 
     def stop_devices(self, reason: str = "the run is over") -> None:

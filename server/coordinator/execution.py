@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from device.errors import ProtocolError
 from device.protocol import SERVER_ID, Assignment, Message, Payload, TrainResult
 from server.coordinator.manager import GroupManager, Handoff
 from server.coordinator.shared import SharedModels
 from server.strategies.base import GroupResult, RoundPlan
+
+Outcome = Literal["accepted", "duplicate", "unexpected"]
 
 if TYPE_CHECKING:
     import numpy as np
@@ -30,6 +32,8 @@ class RoundExecution:
     def __init__(self, coordinator: Coordinator, shared: SharedModels) -> None:
         self.coord, self.shared = coordinator, shared
         self.managers: list[GroupManager] = []
+        # task ids start with this; a resumed round keeps the prefix it was journaled with
+        self.task_prefix = coordinator.epoch
 
     def _handoff_for(self, group_index: int, members: Sequence[str]) -> Handoff:
         mode = self.coord.cfg.handoff
@@ -61,7 +65,7 @@ class RoundExecution:
                     deadline_s=c.cfg.deadline_s,
                     seed=seed,
                     max_chunk=c.cfg.max_chunk,
-                    task_prefix=c.epoch,
+                    task_prefix=self.task_prefix,
                     shared=self.shared,
                 )
                 for d in g.members:
@@ -79,13 +83,26 @@ class RoundExecution:
                 m.release()  # no shared start model outlives its round on the broker
         return [m.result() for m in self.managers]
 
-    def on_result(self, device: str, result: TrainResult) -> bool:
+    def on_result(self, device: str, result: TrainResult) -> Outcome:
         now = time.monotonic()
-        return any(m.owns(device) and m.on_result(device, result, now) for m in self.managers)
+        if any(m.owns(device) and m.on_result(device, result, now) for m in self.managers):
+            return "accepted"
+        return "duplicate" if any(m.knows(device, result.task_id) for m in self.managers) else "unexpected"
 
-    def on_frame(self, payload: Payload, weights: np.ndarray) -> bool:
+    def on_frame(self, payload: Payload, weights: np.ndarray) -> Outcome:
         now = time.monotonic()
-        return any(m.plan.group_id == payload.header.group and m.on_frame(payload, weights, now) for m in self.managers)
+        h = payload.header
+        if any(m.plan.group_id == h.group and m.on_frame(payload, weights, now) for m in self.managers):
+            return "accepted"
+        return "duplicate" if any(m.knows(h.sender, h.extra.task_id) for m in self.managers) else "unexpected"
+
+    def task_ids(self) -> dict[str, list[str]]:
+        """Device -> its training tasks this round (acknowledged after the checkpoint)."""
+        out: dict[str, list[str]] = {}
+        for m in self.managers:
+            for device, task_id in m.task_ids.items():
+                out.setdefault(device, []).append(task_id)
+        return out
 
     def handoff_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

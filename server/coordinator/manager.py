@@ -167,6 +167,15 @@ class GroupManager:
     def owns(self, device: str) -> bool:
         return any(m.device == device for m in self.members)
 
+    def knows(self, device: str, task_id: str | None) -> bool:
+        """Whether ``task_id`` is ``device``'s task in this group (a late or repeated
+        delivery of it is a duplicate, not an error)."""
+        return any(m.device == device and m.task_id == task_id for m in self.members)
+
+    @property
+    def task_ids(self) -> dict[str, str]:
+        return {m.device: m.task_id for m in self.members}
+
     def on_result(self, device: str, result: TrainResult, now: float) -> bool:
         """A member's result message; False if it is not one this manager expects."""
         member = next((m for m in self.members if m.device == device and m.task_id == result.task_id), None)

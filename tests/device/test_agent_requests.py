@@ -138,3 +138,54 @@ def test_a_new_coordinator_with_another_model_makes_the_agent_load_it(agent: Age
     assert still is first  # a re-published artifact alone changes nothing mid-run
     assert agent.model is not None and agent.model.manifest.sha256 == full_manifest["sha256"]
     assert agent.stats.dropped == {}
+
+
+def test_a_held_result_survives_a_restart_is_sent_again_on_a_repeated_request_and_goes_on_ack(
+    tmp_path: Path, zoo_model
+) -> None:
+    from device.manifest import load_manifest, manifest_path_for
+    from device.protocol import Ack
+    from server.artifact import artifact_for_devices
+
+    # Prepare: an agent with the model, trained on one request
+    path = zoo_model("mclr_synthetic")
+    model_bytes, manifest = artifact_for_devices(path, load_manifest(manifest_path_for(path)).to_dict())
+    data = Dataset(np.random.default_rng(0).normal(size=(20, 60)).astype(np.float32), np.arange(20) % 10)
+
+    def start() -> tuple[Agent, list[tuple[str, bytes]]]:
+        a = Agent(AgentConfig("dev001", "run1", "127.0.0.1", 1, tmp_path, train_priority="normal"), data)
+        sent: list[tuple[str, bytes]] = []
+        a.link.publish = lambda topic, payload, retain=False, wait=None: sent.append((topic, payload))  # type: ignore[method-assign]
+        for item in _artifact_items("run1", model_bytes, manifest):
+            a.handle(item)
+        return a, sent
+
+    first, sent = start()
+    request = Incoming(Topics("run1").inbox("dev001"), _train_request(), False)
+    first.handle(request)
+    start_weights = np.zeros(610, np.float32)
+    from device.protocol import FrameExtra, encode_frames
+
+    for frame in encode_frames(
+        start_weights, kind="model", run="run1", round=1, group=0, sender=SERVER_ID, extra=FrameExtra("t1", position=0)
+    ):
+        first.handle(Incoming(Topics("run1").frames("dev001"), frame, False))
+    trained = [p for t, p in sent if t == Topics("run1").uploads("dev001")]
+    first.worker.close()
+
+    # Execute: the device restarts; the coordinator (resumed) asks for the same task again
+    second, resent = start()
+    second.handle(request)
+    outputs = [p for t, p in resent if t == Topics("run1").uploads("dev001")]
+    results = [p for t, p in resent if t == Topics("run1").results("dev001")]
+    ack = Message.of(Ack(("t1",)), run="run1", sender=SERVER_ID, round=1).encode()
+    second.handle(Incoming(Topics("run1").inbox("dev001"), ack, False))
+
+    # Assert: not trained twice, the same output and result went again, and the ack freed it
+    from device.protocol import parse_frame
+
+    assert trained and [parse_frame(o)[0].sha256 for o in outputs] == [parse_frame(t)[0].sha256 for t in trained]
+    assert [json.loads(r)["body"]["task_id"] for r in results] == ["t1"]
+    assert second.stats.dropped == {"duplicate request (result sent again)": 1}
+    assert second.state.held == {} and not list((tmp_path / "held").iterdir())
+    second.worker.close()

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from device import cli, tasks
-from device.protocol import FrameExtra, TrainResult, send_model
+from device.protocol import FrameExtra, send_model
 from device.protocol import frames as frames_module
 from device.training import pretrain_locally
 
@@ -42,18 +42,18 @@ _train = tasks.TaskRunner.train
 
 
 def _late_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray) -> None:
-    send = self._send
+    publish = self._publish
 
-    def late(body: Any, r: int) -> None:
-        if isinstance(body, TrainResult):
+    def late(topic: str, payload: bytes, retain: bool) -> None:
+        if topic == self.topics.results(self.me):  # the train result message
             time.sleep(4.0)
-        send(body, r)
+        publish(topic, payload, retain)
 
-    self._send = late
+    self._publish = late
     try:
         _train(self, request, rnd, weights)
     finally:
-        self._send = send
+        self._publish = publish
 
 
 def _wrong_pretrain(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray) -> None:

@@ -43,8 +43,17 @@ def test_strategy_state_round_trips_and_training_continues_identically(zoo_model
 
 def test_foreign_or_broken_checkpoints_are_refused(tmp_path) -> None:
     checkpoint.save({"x": np.arange(3)}, tmp_path)
-    (tmp_path / "checkpoint.json").write_text(json.dumps({"__obj__": "os:system", "state": {"__dict__": []}}))
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    doc["state"] = {"__obj__": "os:system", "state": {"__dict__": []}}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="outside covey"):
+        checkpoint.load(tmp_path)
+    # a crash between the two renames leaves arrays of another checkpoint: refused, not mixed
+    checkpoint.save({"x": np.arange(3)}, tmp_path)
+    keep = (tmp_path / "checkpoint.json").read_text()
+    checkpoint.save({"x": np.arange(4)}, tmp_path)
+    (tmp_path / "checkpoint.json").write_text(keep)
+    with pytest.raises(ConfigError, match="does not belong"):
         checkpoint.load(tmp_path)
     (tmp_path / "checkpoint.json").write_text("{broken")
     with pytest.raises(ConfigError, match="cannot be read"):
