@@ -254,6 +254,7 @@ class Agent:
         )
         log.info("%s: model %s ready (%s)", self.me, manifest.model, model.backend.name)
         self._register()
+        self._redeliver_held("restarted")  # results trained before a restart, never acknowledged
 
     def _on_server_status(self, payload: bytes) -> None:
         if not payload:

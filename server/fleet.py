@@ -21,6 +21,20 @@ class Fleet:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     device_ids: list[str] = field(default_factory=list)
     workdir: tempfile.TemporaryDirectory[str] | None = None
+    commands: list[list[str]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+
+    def restart(self, index: int) -> None:
+        """Start device ``index`` again, as a board reboots: same command, same state
+        folder (what it held on disk survives); its log goes on in the same file."""
+        if self.processes[index].poll() is None:
+            self.processes[index].kill()
+            self.processes[index].wait(10)
+        handle = self.logs[index].open("ab")
+        self.processes[index] = subprocess.Popen(
+            self.commands[index], cwd=REPO, env=self.env, stdout=handle, stderr=subprocess.STDOUT
+        )
 
     def stop(self, timeout: float = 10.0) -> None:
         for p in self.processes:
@@ -99,4 +113,7 @@ def start_fleet(
         handle = log.open("wb")
         fleet.processes.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT))
         fleet.device_ids.append(device_id)
+        fleet.commands.append(cmd)
+        fleet.logs.append(log)
+    fleet.env = env
     return fleet

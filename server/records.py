@@ -57,6 +57,8 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in row.items():
         if isinstance(value, dict):
             out.update({f"{key}_{k}": v for k, v in value.items()})
+        elif isinstance(value, list):
+            out[key] = ";".join(str(v) for v in value)
         else:
             out[key] = value
     return out

@@ -116,6 +116,7 @@ class RoundRecord:
     handoff: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
+    trained_ids: list[str] = field(default_factory=list)  # whose results this round's models hold
 
 
 ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -245,6 +246,7 @@ class RoundDriver:
             handoff=dict(stats.handoff),
             dropped=dict(stats.dropped),
             extra=extra,
+            trained_ids=sorted(m.client_id for r in results for m in r.members),
         )
         self.records.append(record)
         return record

@@ -100,6 +100,7 @@ class Coordinator:
         self._recent_ids: dict[str, None] = {}  # message ids seen lately, oldest first
         self._started = False
         self._resumed_plan: RoundPlan | None = None
+        self._connections = 0
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = MqttLink(
             f"covey-{config.run}-server",
@@ -142,6 +143,7 @@ class Coordinator:
 
     def connect(self, timeout: float = 15.0) -> None:
         self.link.connect(timeout)
+        self._connections = self.link.connections
         t = self.topics
         self.link.subscribe(
             t.from_filter("register"),
@@ -184,6 +186,10 @@ class Coordinator:
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
         """Handle one incoming message (if any arrives within ``timeout``)."""
+        if self.link.connections > self._connections:  # back after losing the broker
+            self._connections = self.link.connections
+            log.warning("connection to the broker is back; sending this round's outstanding work again")
+            self.execution.resend_outstanding()
         item = self.link.receive(timeout)
         if item is None:
             return

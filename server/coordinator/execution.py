@@ -104,6 +104,11 @@ class RoundExecution:
                 out.setdefault(device, []).append(task_id)
         return out
 
+    def resend_outstanding(self) -> None:
+        now = time.monotonic()
+        for m in self.managers:
+            m.resend_outstanding(now)
+
     def handoff_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for m in self.managers:

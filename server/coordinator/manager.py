@@ -158,6 +158,32 @@ class GroupManager:
                 self._send_model(self.start_weights, m, i)
         self.deadline = now + self.deadline_s
 
+    def resend_outstanding(self, now: float) -> None:
+        """After the coordinator's connection came back (a broker restart may have lost
+        what was in flight): every member still to report gets its request again, and
+        the member whose turn it is its model (from the manager, or by asking the last
+        good member to resend). Task ids are the same, so nothing is done twice."""
+        if self.done:
+            return
+        for i, m in enumerate(self.members):
+            if not (m.reported or m.skipped):
+                self._send_request(m, i)
+        if self.plan.mode == "parallel":
+            if self.shared_key is None:
+                for i, m in enumerate(self.members):
+                    if m.weights is None and not m.skipped:
+                        self._send_model(self.start_weights, m, i)
+        elif self.current < len(self.members):
+            nxt = self.members[self.current]
+            if self.handoff == "direct" and self.last_good_index >= 0:
+                src = self.members[self.last_good_index]
+                body = ResendRequest(src.task_id, DeviceHop(nxt.device, nxt.task_id))
+                msg = Message.of(body, run=self.topics.run, sender=SERVER_ID, round=self.round)
+                self.publish(self.topics.inbox(src.device), msg.encode(), False)
+            else:
+                self._send_model(self.last_good, nxt, self.current)
+        self.deadline = max(self.deadline, now + self.deadline_s / 2)
+
     def release(self) -> None:
         """Clear the group's shared start model from the broker (the round is over)."""
         if self.shared is not None and self.shared_key is not None:
