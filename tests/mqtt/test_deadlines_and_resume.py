@@ -102,3 +102,41 @@ def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, fe
     assert metrics.round == 3 and metrics.trained == 4
     assert [m.round for m in second.records] == [1, 2, 3]
     assert 0 < metrics.federated_accuracy <= 1
+
+
+def test_a_new_coordinator_on_the_standing_broker_adopts_the_devices(broker, femnist_eval, tmp_path) -> None:
+    from covey.paths import ensure_model
+
+    # Prepare: a coordinator runs a round and goes away without stopping the devices
+    root, run = femnist_root(), "adopt"
+    model = ensure_model("mlp_femnist")
+    with start_fleet(root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path):
+        first = Coordinator(
+            CoordinatorConfig(run, broker.host, broker.port, tmp_path / "a", deadline_s=60.0),
+            make_strategy("fedavg", train=TRAIN, clients_per_round=4),
+            model,
+            femnist_eval,
+        )
+        first.connect()
+        first.wait_for_devices(4, 120)
+        first.setup_strategy()
+        first.step()
+        first.close()
+
+        # Execute: a new coordinator with a fresh state folder (no --resume) on the same run
+        second = Coordinator(
+            CoordinatorConfig(run, broker.host, broker.port, tmp_path / "b", deadline_s=60.0),
+            make_strategy("fedavg", train=TRAIN, clients_per_round=4),
+            model,
+            femnist_eval,
+        )
+        second.connect()
+        second.wait_for_devices(4, 30)  # the agents saw a new epoch and registered again
+        second.setup_strategy()
+        record = second.step()
+        second.stop_devices()
+        second.close()
+
+    # Assert
+    assert sorted(second.devices) == ["dev000", "dev001", "dev002", "dev003"]
+    assert record.trained == 4 and record.skipped == 0
