@@ -1,0 +1,171 @@
+"""A virtual LAN on one machine: hosts in Linux network namespaces on one bridge.
+
+:class:`Lab` creates a namespace for the LAN (holding a bridge) and one per host,
+each host linked to the bridge by a veth pair created directly inside the two
+namespaces, with an address on a private /24. Nothing is created in, or routed to,
+the machine's own network namespace: traffic stays between the lab's hosts. Link
+shaping uses the kernel's ``tbf`` queueing discipline (``netem`` is not available on
+these machines; latency, jitter, loss and outages come from
+:mod:`server.field.relay`). :meth:`Lab.close` kills what the lab started and deletes
+every namespace it made — also when a test fails, and (by name prefix) what an
+earlier crashed lab left behind.
+
+Needs root (or CAP_NET_ADMIN) and iproute2; :func:`available` says whether this
+machine can, and why not.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from device.errors import TransportError
+
+PREFIX = "cvlab"
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
+    if check and proc.returncode != 0:
+        raise TransportError(f"`ip {' '.join(args)}` failed: {proc.stderr.strip()}")
+    return proc
+
+
+def available() -> tuple[bool, str]:
+    """Whether network namespaces can be made here, and the reason when not."""
+    if shutil.which("ip") is None:
+        return False, "iproute2 (`ip`) is not installed"
+    name = f"{PREFIX}-probe-{uuid.uuid4().hex[:6]}"
+    proc = _ip("netns", "add", name, check=False)
+    if proc.returncode != 0:
+        return False, f"cannot create network namespaces ({proc.stderr.strip() or 'not permitted'}); run as root"
+    _ip("netns", "del", name, check=False)
+    return True, ""
+
+
+def leftovers() -> list[str]:
+    proc = _ip("netns", "list", check=False)
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.startswith(PREFIX)]
+
+
+@dataclass
+class Host:
+    name: str
+    netns: str
+    ip: str
+    lan_if: str  # the host's veth end inside the LAN namespace (egress there = traffic to the host)
+
+    def argv(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside this host's namespace."""
+        return ["ip", "netns", "exec", self.netns, *argv]
+
+
+@dataclass
+class Lab:
+    """Hosts ``10.77.<net>.<i>/24`` on a bridge, named ``cvlab-<tag>-<host>``."""
+
+    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    net: int = 77
+    hosts: dict[str, Host] = field(default_factory=dict)
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        ok, why = available()
+        if not ok:
+            raise TransportError(why)
+        self.lan = f"{PREFIX}-{self.tag}-lan"
+        _ip("netns", "add", self.lan)
+        _ip("-n", self.lan, "link", "add", "br0", "type", "bridge")
+        _ip("-n", self.lan, "link", "set", "br0", "up")
+
+    def add_host(self, name: str) -> Host:
+        """A namespace with ``eth0`` on the LAN and loopback up."""
+        index = len(self.hosts) + 1
+        if index > 250:
+            raise TransportError("a lab holds at most 250 hosts")
+        netns = f"{PREFIX}-{self.tag}-{name}"
+        lan_if = f"p{index}"
+        _ip("netns", "add", netns)
+        _ip("link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", lan_if, "netns", self.lan)
+        _ip("-n", self.lan, "link", "set", lan_if, "master", "br0")
+        _ip("-n", self.lan, "link", "set", lan_if, "up")
+        ip = f"10.{self.net}.0.{index}"
+        _ip("-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
+        _ip("-n", netns, "link", "set", "eth0", "up")
+        _ip("-n", netns, "link", "set", "lo", "up")
+        host = Host(name, netns, ip, lan_if)
+        self.hosts[name] = host
+        return host
+
+    def shape(self, host: Host, rate_mbit: float, burst_kb: int = 64, latency_ms: int = 400) -> None:
+        """Limit the host's link to ``rate_mbit`` both ways (``tbf`` on each veth end)."""
+        spec = ["rate", f"{rate_mbit}mbit", "burst", f"{burst_kb}kb", "latency", f"{latency_ms}ms"]
+        subprocess.run(
+            ["ip", "netns", "exec", host.netns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", *spec],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+        subprocess.run(
+            ["ip", "netns", "exec", self.lan, "tc", "qdisc", "replace", "dev", host.lan_if, "root", "tbf", *spec],
+            check=True,
+            capture_output=True,
+            timeout=30,
+        )
+
+    def start(
+        self,
+        host: Host,
+        argv: Sequence[str],
+        *,
+        log: Path | None = None,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen[bytes]:
+        """Start ``argv`` inside ``host``; killed by :meth:`close`."""
+        out = log.open("ab") if log is not None else subprocess.DEVNULL
+        proc = subprocess.Popen(
+            host.argv(argv), stdout=out, stderr=subprocess.STDOUT, env=env or dict(os.environ), cwd=cwd
+        )
+        self.processes.append(proc)
+        return proc
+
+    def run(
+        self,
+        host: Host,
+        argv: Sequence[str],
+        *,
+        timeout: float = 300,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` inside ``host`` to completion."""
+        return subprocess.run(
+            host.argv(argv), capture_output=True, text=True, timeout=timeout, env=env or dict(os.environ), cwd=cwd
+        )
+
+    def close(self) -> None:
+        for proc in self.processes:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.processes:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for netns in [h.netns for h in self.hosts.values()] + [self.lan]:
+            _ip("netns", "del", netns, check=False)
+        for netns in leftovers():
+            if netns.startswith(f"{PREFIX}-{self.tag}-"):
+                _ip("netns", "del", netns, check=False)
+
+    def __enter__(self) -> Lab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

