@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from device.artifact import ArtifactDownload
 from device.data import Dataset, class_counts
 from device.errors import CoveyError, ModelError, ProtocolError, TransportError
@@ -37,7 +35,6 @@ from device.protocol import (
     Ack,
     EvaluateRequest,
     Message,
-    Payload,
     Ping,
     Pong,
     PretrainRequest,
@@ -50,16 +47,15 @@ from device.protocol import (
     Topics,
     TrainRequest,
     check_id,
-    check_weights,
     decode_message,
 )
 from device.runtime import TFLiteModel
 from device.state import AgentState
 from device.tasks import TaskRunner
+from device.waiting import Request, WaitingTasks
 from device.worker import ModelWorker
 
 log = logging.getLogger("covey.device")
-Request = TrainRequest | PretrainRequest | EvaluateRequest
 
 
 @dataclass
@@ -85,13 +81,6 @@ class AgentStats:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
 
-@dataclass
-class _Task:
-    request: Request
-    round: int
-    models: dict[int, np.ndarray] = field(default_factory=dict)  # evaluate: index -> model
-
-
 class Agent:
     """A device: local data, a LiteRT model fetched over MQTT, and the request loop."""
 
@@ -106,7 +95,7 @@ class Agent:
         self.runner: TaskRunner | None = None
         self.artifact = ArtifactDownload()
         self._frames = Reassembler(max_pending_bytes=512 * 1024 * 1024)
-        self._waiting: dict[str, _Task] = {}  # task id -> request waiting for its model(s)
+        self._waiting = WaitingTasks()  # requests waiting for their model(s)
         self._shared_subscribed: set[str] = set()
         self._server_epoch: str | None = None
         self.running = True
@@ -313,7 +302,7 @@ class Agent:
             )
             self.stats.drop("duplicate request (result sent again)" if resent else "duplicate request")
             return
-        self._waiting[task_id] = _Task(request, rnd)
+        self._waiting.add(request, rnd)
         log.info("%s: round %d %s request %s; waiting for its model", self.me, rnd, type(request).__name__, task_id)
         new = [k for k in request.shared if k not in self._shared_subscribed]
         if new:
@@ -325,60 +314,26 @@ class Agent:
         if payload is None:
             return
         try:
-            self._on_model(payload)
+            runner = self._work()
+            ready = self._waiting.accept(payload, runner.model.n_params)
+            if not ready and payload.header.extra.shared is not None:
+                self.stats.drop("shared model for no waiting task")
+            for task in ready:
+                log.info("%s: model for %s arrived from %s", self.me, task.request.task_id, payload.header.sender)
+                if isinstance(task.request, EvaluateRequest):
+                    runner.evaluate(task.request, task.round, task.models)
+                elif isinstance(task.request, PretrainRequest):
+                    assert task.weights is not None
+                    runner.pretrain(task.request, task.round, task.weights)
+                else:
+                    assert task.weights is not None
+                    runner.train(task.request, task.round, task.weights)
         finally:
             self._drop_unused_shared()
 
-    def _on_model(self, payload: Payload) -> None:
-        h = payload.header
-        if h.kind not in ("model", "handoff"):
-            raise ProtocolError(f"devices accept model and handoff frames, not {h.kind!r}")
-        if h.extra.shared is not None:
-            if h.sender != SERVER_ID:
-                raise ProtocolError(f"shared model from {h.sender!r}")
-            targets = [
-                (tid, t, t.request.shared.index(h.extra.shared))
-                for tid, t in self._waiting.items()
-                if h.extra.shared in t.request.shared
-            ]
-            if not targets:
-                self.stats.drop("shared model for no waiting task")
-        else:
-            task = self._waiting.get(h.extra.task_id or "")
-            if task is None:
-                raise ProtocolError(f"model frame for task {h.extra.task_id!r}, which this device is not waiting for")
-            targets = [(h.extra.task_id or "", task, h.extra.index)]
-        for task_id, task, index in targets:
-            self._accept_model(task_id, task, payload, index)
-
-    def _accept_model(self, task_id: str, task: _Task, payload: Payload, index: int) -> None:
-        h = payload.header
-        if h.round != task.round:
-            raise ProtocolError(f"model frame for round {h.round}, task is in round {task.round}")
-        request = task.request
-        allowed = {SERVER_ID, request.predecessor} if isinstance(request, TrainRequest) else {SERVER_ID}
-        if h.sender not in allowed:
-            raise ProtocolError(f"model from {h.sender!r}, expected one of {sorted(allowed)}")
-        runner = self._work()
-        weights = check_weights(payload, runner.model.n_params)
-        if isinstance(request, EvaluateRequest):
-            if index >= request.n_models:
-                raise ProtocolError(f"model index {index} of an evaluate request for {request.n_models} models")
-            task.models[index] = weights
-            if len(task.models) == request.n_models:
-                del self._waiting[task_id]
-                runner.evaluate(request, task.round, task.models)
-            return
-        del self._waiting[task_id]
-        log.info("%s: model for %s arrived from %s", self.me, task_id, h.sender)
-        if isinstance(request, PretrainRequest):
-            runner.pretrain(request, task.round, weights)
-        else:
-            runner.train(request, task.round, weights)
-
     def _drop_unused_shared(self) -> None:
         """Unsubscribe from shared models no waiting task needs any more."""
-        needed = {k for task in self._waiting.values() for k in task.request.shared}
+        needed = self._waiting.shared_keys()
         unused = self._shared_subscribed - needed
         if unused:
             self._shared_subscribed -= unused

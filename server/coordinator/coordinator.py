@@ -46,12 +46,12 @@ from device.protocol import (
 )
 from device.runtime import TFLiteModel
 from server.artifact import artifact_for_devices
-from server.coordinator import checkpoint
 from server.coordinator.execution import RoundExecution
-from server.coordinator.registry import DeviceRecord, Registry
+from server.coordinator.persistence import Persistence
+from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
-from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats, record_from_dict, records_as_dicts
+from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
@@ -76,7 +76,7 @@ class CoordinatorConfig:
     tls: TlsFiles | None = None
 
 
-class Coordinator:
+class Coordinator(Persistence):
     def __init__(
         self,
         config: CoordinatorConfig,
@@ -284,10 +284,6 @@ class Coordinator:
             raise ProtocolError(f"result frame from {device} that group {h.group} does not expect")
 
     # -- waiting -------------------------------------------------------------------------
-    @property
-    def devices(self) -> dict[str, DeviceRecord]:
-        return self.registry.devices
-
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:
         deadline = time.monotonic() + timeout
         while len(self.devices) < n:
@@ -349,10 +345,6 @@ class Coordinator:
         return ev.accuracy, ev.loss
 
     # -- rounds ---------------------------------------------------------------------------
-    @property
-    def records(self) -> list[RoundRecord]:
-        return self.driver.records
-
     def setup_strategy(self) -> None:
         self.driver.setup(self.model.get_weights())
         self._started = True
@@ -382,52 +374,6 @@ class Coordinator:
         for device, task_ids in self.execution.task_ids().items():
             msg = Message.of(Ack(tuple(task_ids)), run=self.cfg.run, sender=SERVER_ID, round=self.round)
             self._publish(self.topics.inbox(device), msg.encode())
-
-    # -- checkpoints ----------------------------------------------------------------------
-    def _state(self) -> dict[str, object]:
-        return {
-            "round": self.driver.rnd,
-            "model_bytes": self.driver.model_bytes,
-            "strategy": self.strategy,
-            "devices": self.devices,
-            "records": records_as_dicts(self.records),
-        }
-
-    def checkpoint(self) -> None:
-        """Round, registry, records and the strategy's state (JSON + npz, no pickle)."""
-        checkpoint.save(self._state(), self.cfg.state_dir)
-        checkpoint.remove(self.cfg.state_dir, "journal")
-
-    def _journal(self, plan: RoundPlan) -> None:
-        """The round's plan and the strategy as planning left it, with the task ids'
-        prefix: a coordinator resumed after a crash finishes this very round."""
-        state = {**self._state(), "round": self.driver.rnd, "plan": plan, "task_prefix": self.execution.task_prefix}
-        checkpoint.save(state, self.cfg.state_dir, "journal")
-
-    def resume(self) -> bool:
-        """Continue from the last checkpoint, and finish a round the journal shows was
-        in progress (same plan, same task ids: devices deliver what they already
-        trained at once and nothing is counted twice)."""
-        state = checkpoint.load(self.cfg.state_dir)
-        journal = checkpoint.load(self.cfg.state_dir, "journal")
-        done = int(state["round"]) if state is not None else 0
-        if journal is not None and int(journal["round"]) != done + 1:
-            journal = None  # a stale journal: its round was checkpointed
-        source = state if state is not None else journal
-        if source is None:
-            return False
-        self.registry.devices.update(source.get("devices", {}))  # devices registered before the restart
-        records = [record_from_dict(r) for r in source.get("records", [])]
-        self.driver.resume(done, records, int(source.get("model_bytes", 0)))
-        self.strategy = self.driver.strategy = source["strategy"]
-        if journal is not None:
-            self.strategy = self.driver.strategy = journal["strategy"]
-            self._resumed_plan = journal["plan"]
-            self.execution.task_prefix = str(journal["task_prefix"])
-        self.round = done
-        self._started = True
-        log.info("resumed after round %d%s", done, f"; finishing round {done + 1}" if journal is not None else "")
-        return True
 
     def stop_devices(self, reason: str = "the run is over") -> None:
         for d in self.devices:
