@@ -156,7 +156,7 @@ class MqttLink:
         self._connected = threading.Event()
         self._refused: str | None = None
         self.connections = 0  # successful connects so far: more than one means it reconnected
-        self._refused_event = threading.Event()
+        self._refused_event = threading.Event()  # refused, or hung up on before any connection
         self.disconnects = 0  # connections lost (not closed by us): a client kicked by another counts here
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
@@ -198,6 +198,11 @@ class MqttLink:
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         self._connected.clear()
+        if self.connections == 0 and not self._refused_event.is_set():
+            # the broker hung up before its CONNACK: a TLS listener that wants a client
+            # certificate does so after the handshake (TLS 1.3); connect() reports it
+            self._refused = ""
+            self._refused_event.set()
         if reason_code.is_failure and not self._refused_event.is_set():  # a refusal is connect()'s to report
             self.disconnects += 1
             log.warning("%s: lost the broker (%s); reconnecting", self.client_id, reason_code)
@@ -237,6 +242,11 @@ class MqttLink:
                 break
         else:
             return
+        if self._refused == "":
+            raise TransportError(
+                f"the broker at {self.host}:{self.port} closed the connection before accepting it; if it asks for "
+                "a client certificate, give certfile and keyfile (its log says why)"
+            )
         if self._refused is not None:
             raise TransportError(
                 f"the broker at {self.host}:{self.port} refused the connection ({self._refused}); "

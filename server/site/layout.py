@@ -150,7 +150,7 @@ class Owners:
     def write(self, path: Path, data: bytes | str, role: Role, *, secret: bool) -> None:
         """Write a new file with its mode and owner set before any byte is in it."""
         raw = data.encode() if isinstance(data, str) else data
-        mode = (0o640 if role == "broker" else 0o600) if secret else 0o644
+        mode = (0o640 if role == "broker" and self.as_root else 0o600) if secret else 0o644
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
         try:
             os.fchmod(fd, mode)  # the umask may have taken bits away
