@@ -1,16 +1,10 @@
 """Fixtures for site tests: a site made by the real command, its mosquitto, clients of it.
 
-Sites live in a folder made here under the system's temp dir with mode 0755, not in
-pytest's ``tmp_path``: pytest's base folder is private to the user (0700), and a
-mosquitto started as root (as in CI here) drops to the ``mosquitto`` user, which must
-be able to reach the site's broker files, exactly as on a broker host.
+Sites live in ``site_parent`` (tests/conftest.py), a folder every user can enter.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,17 +16,6 @@ from covey.cli import main
 from device.mqtt import MqttLink, TlsFiles
 from server.broker import BrokerHandle, free_port, run_mosquitto
 from server.site import Site, load_site
-
-
-@pytest.fixture
-def site_parent() -> Iterator[Path]:
-    """A folder every user can enter, removed afterwards."""
-    folder = Path(tempfile.mkdtemp(prefix="covey-site-test-"))
-    os.chmod(folder, 0o755)
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def init(folder: Path, *devices: str, extra: tuple[str, ...] = ()) -> Site:
