@@ -92,8 +92,14 @@ def start_mosquitto(
     port = port or free_port()
     workdir = tempfile.TemporaryDirectory(prefix="covey-mosquitto-")
     conf = Path(workdir.name) / "mosquitto.conf"
-    conf.write_text(config.read_text().replace("{port}", str(port)).replace("{listen}", listen))
+    conf.write_text(local_config_text(config, port, listen))
     return run_mosquitto(conf, connect_host(listen), port, timeout=timeout, workdir=workdir)
+
+
+def local_config_text(config: Path, port: int, listen: str = "127.0.0.1") -> str:
+    """The local config with its port filled in and its listener bound to ``listen``."""
+    text = config.read_text().replace("{port}", str(port))
+    return text.replace(f"listener {port} 127.0.0.1", f"listener {port} {listen}")
 
 
 def connect_host(listen: str) -> str:

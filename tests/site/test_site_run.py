@@ -1,9 +1,11 @@
-"""A whole field test on one machine, as docs/site-guide.md tells it: every part a process
-started with the command a user types, over TLS with per-device credentials.
+"""A whole field test on one machine, command for command as docs/site-guide.md tells it,
+over TLS with per-device credentials.
 
-``covey site init`` makes the site; ``covey broker run --site DIR`` runs its mosquitto;
-each board runs ``covey-device --config DIR/devices/ID/device.toml --data ...`` from its
-bundle; ``covey server run --site DIR`` runs FedGSP for 2 rounds.
+``covey site init DIR`` makes the site; ``covey broker run --site DIR`` runs its
+mosquitto; each board's bundle is installed by ``firmware_scripts/provision-device.sh
+BUNDLE DATA TEST`` (here under a prefix per board, without systemd) and its agent runs
+the command the script prints (``covey-device --config .../device.toml -v``);
+``covey server run --site DIR`` runs FedGSP for 2 rounds with direct hand-offs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from covey.cli import main
+from device.data import read_leaf
 from server.broker import free_port, wait_for_port
-from server.fleet import leaf_writers, start_fleet
+from server.fleet import leaf_writers
 from tests.mqtt.conftest import femnist_root
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,63 +31,95 @@ pytestmark = [pytest.mark.broker, pytest.mark.slow]
 DEVICES = ["pi-1", "pi-2", "pi-3", "pi-4"]
 
 
-def test_a_site_runs_fedgsp_over_tls_with_per_device_credentials(site_parent: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
-    # Prepare: the site, and its broker as `covey broker run` starts it
-    site, root, port = site_parent / "site", femnist_root(), free_port()
+def provision(bundle: Path, board: Path, data: Path, test: Path, env: dict[str, str]) -> list[str]:
+    """provision-device.sh as on a board without systemd; returns the agent command it prints."""
+    env = {**env, "COVEY_PREFIX": str(board), "COVEY_SYSTEMD": "no", "COVEY_DEVICE": covey_device()}
+    script = REPO / "firmware_scripts" / "provision-device.sh"
+    done = subprocess.run([str(script), str(bundle), str(data), str(test)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    command = done.stdout.strip().splitlines()[-1].split("run the agent with: ", 1)[1]
+    assert command == f"{covey_device()} --config {board}/etc/covey/device.toml -v"
+    return command.split()
+
+
+def covey_device() -> str:
+    """The installed ``covey-device`` beside this interpreter (as install-device.sh makes it)."""
+    return str(Path(sys.executable).parent / "covey-device")
+
+
+def test_a_site_runs_fedgsp_over_tls_as_the_guide_tells_it(site_parent: Path, tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: each board's data as the .npz files a board holds
+    root, port, site = femnist_root(), free_port(), site_parent / "site"
+    train, test = read_leaf(root / "train"), read_leaf(root / "test")
+    data = {}
+    for device, writer in zip(DEVICES, leaf_writers(root, len(DEVICES)), strict=True):
+        (tmp_path / device).mkdir()
+        data[device] = (tmp_path / device / "train.npz", tmp_path / device / "test.npz")
+        np.savez(data[device][0], x=train[writer].x, y=train[writer].y)
+        np.savez(data[device][1], x=test[writer].x, y=test[writer].y)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+        with log.open("wb") as out:
+            processes.append(subprocess.Popen(argv, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT))
+        return processes[-1]
+
+    # Execute: the broker host
     init = ["site", "init", str(site), "--host", "localhost", "--ip", "127.0.0.1", "--port", str(port)]
     assert main([*init, "--run", "field", "--devices", *DEVICES]) == 0
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    broker_log = (tmp_path / "broker.log").open("wb")
-    broker = subprocess.Popen(
-        [sys.executable, "-m", "covey.cli", "broker", "run", "--site", str(site)],
-        cwd=REPO,
-        env=env,
-        stdout=broker_log,
-        stderr=subprocess.STDOUT,
-    )
-    configs = [site / "devices" / d / "device.toml" for d in DEVICES]
     state = tmp_path / "state"
     try:
+        broker = start(
+            [sys.executable, "-m", "covey.cli", "broker", "run", "--site", str(site)], tmp_path / "broker.log"
+        )
         wait_for_port("127.0.0.1", port, 15, broker)
-
-        # Execute: the boards from their bundles, the coordinator from the site
-        with start_fleet(root, leaf_writers(root, 4), run="", host="", port=0, configs=configs, log_dir=tmp_path):
-            code = main(
-                [
-                    "server",
-                    "run",
-                    "--site",
-                    str(site),
-                    "--strategy",
-                    "fedgsp",
-                    "--min-devices",
-                    "4",
-                    "--rounds",
-                    "2",
-                    "--set",
-                    "beta=1",
-                    "--set",
-                    "kappa=1.0",
-                    "--set",
-                    "growth=linear",
-                    "--set",
-                    "alpha=0",
-                    "--handoff",
-                    "direct",
-                    "--eval-data",
-                    str(root),
-                    "--state-dir",
-                    str(state),
-                    "--register-timeout",
-                    "120",
-                ]
-            )
+        # each board: its bundle installed, its agent started as provision-device.sh says
+        for device in DEVICES:
+            board = site_parent / f"board-{device}"
+            command = provision(site / "devices" / device, board, *data[device], env)
+            start(command, tmp_path / f"{device}.log")
+        # the coordinator
+        code = main(
+            [
+                "server",
+                "run",
+                "--site",
+                str(site),
+                "--strategy",
+                "fedgsp",
+                "--min-devices",
+                "4",
+                "--rounds",
+                "2",
+                "--set",
+                "beta=1",
+                "--set",
+                "kappa=1.0",
+                "--set",
+                "growth=linear",
+                "--set",
+                "alpha=0",
+                "--handoff",
+                "direct",
+                "--eval-data",
+                str(root),
+                "--state-dir",
+                str(state),
+                "--register-timeout",
+                "120",
+            ]
+        )
     finally:
-        broker.send_signal(signal.SIGTERM)  # what systemd or Ctrl-C does; mosquitto saves its sessions
-        broker_status = broker.wait(15)
-        broker_log.close()
+        for proc in reversed(processes):  # agents first, the broker last; SIGTERM as systemd sends it
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    broker_status = processes[0].returncode
 
-    # Assert: the run finished both rounds with every device, hand-offs device to device
+    # Assert: both rounds with every device, hand-offs device to device, results written
     assert code == 0
     assert broker_status == 0, (tmp_path / "broker.log").read_text()
     result = json.loads((state / "results.json").read_text())
@@ -91,8 +127,10 @@ def test_a_site_runs_fedgsp_over_tls_with_per_device_credentials(site_parent: Pa
     assert all(r["trained"] == 4 and r["skipped"] == 0 for r in result["rounds"])
     assert all(0 < r["server_accuracy"] <= 1 for r in result["rounds"])
     assert all(r["handoff"].get("direct", 0) > 0 for r in result["rounds"])
-    for device in DEVICES:  # each agent used its bundle: its own id, registered
-        log = (tmp_path / f"dev{DEVICES.index(device):03d}.log").read_text()
+    assert (state / "results.csv").exists() and (state / "results.png").exists()
+    for device in DEVICES:  # each agent ran from its installed bundle: its id, its state folder
+        log = (tmp_path / f"{device}.log").read_text()
         assert f"{device}: registered" in log, log[-2000:]
+        assert (site_parent / f"board-{device}" / "var" / "lib" / "covey" / device).is_dir()
     assert (site / "broker" / "data" / "mosquitto.db").exists()  # persistence is on, inside the site
     assert "results.json" in capsys.readouterr().out
