@@ -312,6 +312,15 @@ def _main(argv: Sequence[str] | None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
         try:
             agent.start()
+            logging.getLogger("covey.device").info(
+                "%s: connected to the broker at %s:%d%s as %s, run %s; waiting for the coordinator's model",
+                device_id,
+                host,
+                port,
+                " over TLS" if tls else "",
+                s.get("username") or "an anonymous client",
+                run,
+            )
             agent.run_forever(idle_timeout=s.get("idle_timeout"))
         finally:
             agent.close()  # never raises, broker or not (device/mqtt.py)

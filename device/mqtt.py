@@ -221,9 +221,10 @@ class MqttLink:
         try:
             self._client.connect(self.host, self.port, keepalive=self.keepalive)
         except ssl.SSLCertVerificationError as exc:
+            why = str(exc.verify_message).rstrip(".")
             raise TransportError(
-                f"TLS with the broker at {self.host}:{self.port} failed: {exc.verify_message}; give the CA that "
-                "signed the broker's certificate (ca_certs) and dial a name or address the certificate holds"
+                f"TLS with the broker at {self.host}:{self.port} failed: {why}; give the CA that signed the "
+                "broker's certificate (ca_certs) and dial a name or address the certificate holds"
             ) from None
         except ssl.SSLError as exc:
             raise TransportError(

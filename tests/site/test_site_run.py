@@ -130,7 +130,30 @@ def test_a_site_runs_fedgsp_over_tls_as_the_guide_tells_it(site_parent: Path, tm
     assert (state / "results.csv").exists() and (state / "results.png").exists()
     for device in DEVICES:  # each agent ran from its installed bundle: its id, its state folder
         log = (tmp_path / f"{device}.log").read_text()
+        assert f"{device}: connected to the broker at localhost:{port} over TLS as {device}, run field" in log
         assert f"{device}: registered" in log, log[-2000:]
         assert (site_parent / f"board-{device}" / "var" / "lib" / "covey" / device).is_dir()
     assert (site / "broker" / "data" / "mosquitto.db").exists()  # persistence is on, inside the site
     assert "results.json" in capsys.readouterr().out
+
+
+# What the test above runs of docs/site-guide.md, and the test that runs each other command.
+GUIDE = {
+    "covey site init DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": "above (with --port, --run)",
+    "covey broker run --site DIR": "above",
+    "sudo firmware_scripts/broker-setup.sh DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": "test_scripts.py",
+    "firmware_scripts/install-device.sh /opt/covey": "none: it installs from the package index",
+    "firmware_scripts/provision-device.sh BUNDLE DATA TEST": "above (under a prefix, without systemd)",
+    "/opt/covey/venv/bin/covey-device --config /etc/covey/device.toml -v": "above (the command provision prints)",
+    "covey server run --site DIR --strategy fedgsp --min-devices 4 --rounds 20 --eval-data EVAL --state-dir STATE": (
+        "above (2 rounds)"
+    ),
+}
+
+
+def test_the_guide_holds_the_commands_the_tests_run() -> None:
+    """A command added to or changed in the guide must be added to a test (and here)."""
+    text = (REPO / "docs" / "site-guide.md").read_text()
+    blocks = text.split("```sh\n")[1:]
+    commands = [line for block in blocks for line in block.split("```", 1)[0].splitlines() if line.strip()]
+    assert commands == list(GUIDE)
