@@ -179,7 +179,9 @@ def init_site(root: Path, spec: SiteSpec, *, force: bool = False) -> Site:
     root = Path(os.path.abspath(root))
     if root.exists() and not root.is_dir():
         raise ConfigError(f"{root} is a file; give a folder for the site")
-    if root.is_dir() and any(root.iterdir()) and not force:
+    with _writing(root):
+        occupied = root.is_dir() and any(root.iterdir())
+    if occupied and not force:
         raise ConfigError(
             f"{root} already exists and is not empty; give a new folder, or --force to replace it "
             "(every board then needs its new bundle)"
