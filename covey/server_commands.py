@@ -3,18 +3,87 @@
 from __future__ import annotations
 
 import argparse
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 from device.errors import CoveyError
+from device.mqtt import TlsFiles, check_tls_files, read_password_file
+
+log = logging.getLogger("covey.server")
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where and how ``covey server run`` reaches its broker (checked before anything starts)."""
+
+    host: str | None  # None: start mosquitto here
+    port: int
+    username: str | None
+    password: str | None
+    tls: TlsFiles | None
+    run: str
+    advertise_host: str | None
+
+
+def _connection(args: argparse.Namespace) -> Connection:
+    """The broker, run and credentials from ``--site`` and the explicit flags (a flag wins).
+
+    With ``--site DIR``: the run, the broker (the site's first host name on its TLS
+    port) and the coordinator's credentials and CA from the site folder. A ``--broker``
+    naming the site's plain loopback listener (``--loopback-port``) connects without TLS."""
+    from device.cli import parse_broker
+    from server.broker import is_loopback
+
+    site = None
+    if args.site:
+        from server.site import load_site
+
+        site = load_site(Path(args.site))
+    given = [f for f in ("username", "password_file", "ca_certs", "certfile", "keyfile") if getattr(args, f)]
+    if not args.broker and site is None:
+        if given:
+            flag = "--" + given[0].replace("_", "-")
+            raise CoveyError(
+                f"{flag} is for a broker given with --broker or --site; the mosquitto this command starts "
+                "takes anonymous clients (for a site with passwords and TLS see `covey site init`)"
+            )
+        return Connection(None, args.port or 0, None, None, None, args.run or "site", None)
+    if args.listen is not None:
+        raise CoveyError("--listen is for the mosquitto this command starts; with --broker or --site it already runs")
+    host, port = parse_broker(args.broker) if args.broker else parse_broker(site.spec.broker)  # type: ignore[union-attr]
+    names = {"ca_certs": "--ca-certs", "certfile": "--certfile", "keyfile": "--keyfile"}
+    files: dict[str, str | None] = {k: getattr(args, k) for k in names}
+    username, password_file = args.username, args.password_file
+    if site is not None:
+        creds = site.coordinator()
+        username = username or creds.username
+        if password_file is None:
+            password_file, names["password_file"] = str(creds.password_file), "the site's coordinator password"
+        plain = port == site.spec.loopback_port and is_loopback(host)
+        for key, path in (("ca_certs", creds.ca_certs), ("certfile", creds.certfile), ("keyfile", creds.keyfile)):
+            if files[key] is None and path is not None and not plain:
+                files[key], names[key] = str(path), f"the site's {key}"
+    if password_file is not None and username is None:
+        raise CoveyError("--password-file needs --username: the broker checks the password of a user")
+    password = None
+    if password_file is not None:
+        password = read_password_file(password_file, names.get("password_file", "--password-file"))
+    tls = None
+    if any(files.values()):
+        tls = TlsFiles(files["ca_certs"], files["certfile"], files["keyfile"])
+        check_tls_files(tls, names)
+    return Connection(host, port, username, password, tls, args.run or (site.spec.run if site else "site"), host)
 
 
 def _cmd_server_run(args: argparse.Namespace) -> int:
-    from device.cli import parse_broker
+    from server.broker import advertised_host, check_listen, is_loopback
     from server.paths import ensure_model
     from server.serve import ServeOptions, prepare_serve, serve
     from server.simulation.config import parse_assignments
 
-    host, port = parse_broker(args.broker) if args.broker else ("127.0.0.1", 0)
+    conn = _connection(args)
+    listen = check_listen(args.listen) if args.listen is not None else "127.0.0.1"
     if args.model_path:
         model_path = Path(args.model_path)
         if not model_path.exists():
@@ -22,9 +91,9 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
     else:
         model_path = Path(f"{args.model}.tflite")  # replaced by the built (or cached) model below
     options = ServeOptions(
-        run=args.run,
-        host=host,
-        port=port,
+        run=conn.run,
+        host=conn.host or "127.0.0.1",
+        port=conn.port,
         strategy=args.strategy,
         strategy_params=parse_assignments(args.set),
         model_path=model_path,
@@ -42,17 +111,28 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         advertise=args.advertise,
         federated_eval_every=args.federated_eval_every,
+        username=conn.username,
+        password=conn.password,
+        tls=conn.tls,
+        advertise_host=conn.advertise_host or advertised_host(listen),
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
         options.model_path = ensure_model(args.model)
     handle = None
-    if not args.broker:
+    if conn.host is None:
         from server.broker import start_mosquitto
 
-        handle = start_mosquitto(port=args.port)
+        handle = start_mosquitto(port=args.port, listen=listen)
         options.host, options.port = handle.host, handle.port
-        print(f"started mosquitto on {handle.host}:{handle.port}")
+        print(f"started mosquitto on {listen}:{handle.port} (anonymous clients)")
+    if args.advertise and options.advertise_host and is_loopback(options.advertise_host):
+        log.warning(
+            "advertising %s:%s, which only agents on this machine can reach; boards elsewhere need --listen "
+            "0.0.0.0 (or a LAN address) or a --broker they can reach",
+            options.advertise_host,
+            options.port,
+        )
     try:
         coord = serve(prepared)
     finally:
@@ -90,12 +170,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def _password(path: str | None) -> str | None:
-    if path is None:
-        return None
-    try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        raise CoveyError(f"--password-file {path}: {exc.strerror or exc}") from None
+    return None if path is None else read_password_file(path, "--password-file")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -106,9 +181,26 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategy parameter")
     p.add_argument("--model", default="mlp_femnist", help="zoo model, built if needed")
     p.add_argument("--model-path", help="a .tflite with its manifest (instead of --model)")
-    p.add_argument("--broker", help="HOST:PORT of the broker (default: start mosquitto here)")
+    p.add_argument("--broker", help="HOST:PORT of the broker (default: the --site's, else start mosquitto here)")
     p.add_argument("--port", type=int, help="port for the mosquitto this command starts")
-    p.add_argument("--run", default="site", help="run id (topics live under covey/<run>/)")
+    p.add_argument(
+        "--listen",
+        metavar="ADDR",
+        help="address the mosquitto this command starts binds: 127.0.0.1 (default, this machine only), "
+        "0.0.0.0 (every interface; boards are told this machine's LAN address) or a LAN address",
+    )
+    p.add_argument(
+        "--site",
+        metavar="DIR",
+        help="a folder made by `covey site init`: its run, broker and the coordinator's credentials and CA "
+        "(flags override each)",
+    )
+    p.add_argument("--username", help="broker user name (with --broker)")
+    p.add_argument("--password-file", help="file holding the broker password")
+    p.add_argument("--ca-certs", help="CA certificate that signed the broker's (turns TLS on)")
+    p.add_argument("--certfile", help="client certificate, if the broker asks for one (turns TLS on)")
+    p.add_argument("--keyfile", help="the client certificate's unencrypted key")
+    p.add_argument("--run", help="run id (topics live under covey/<run>/; default: the --site's, else 'site')")
     p.add_argument("--rounds", type=int, default=50, help="rounds to run (default 50)")
     p.add_argument("--min-devices", type=int, required=True, help="devices to wait for before round 1")
     p.add_argument(

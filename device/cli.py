@@ -16,12 +16,17 @@ from typing import Any, NoReturn
 
 from device.data import FORMATS
 from device.errors import ConfigError, CoveyError
-from device.mqtt import TlsFiles, check_tls_files
+from device.mqtt import TlsFiles, check_tls_files, read_password_file
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
+
+# Keys holding paths: a relative path in a config file is relative to the file's folder
+# (so a site bundle works where it lies and wherever it is copied); a flag's is
+# relative to the working directory, as usual.
+PATH_KEYS = ("data", "test", "state_dir", "password_file", "ca_certs", "certfile", "keyfile")
 
 CONFIG_KEYS = {
     "broker",
@@ -33,6 +38,7 @@ CONFIG_KEYS = {
     "state_dir",
     "username",
     "password",
+    "password_file",
     "ca_certs",
     "certfile",
     "keyfile",
@@ -104,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test", help="local test data in the same format")
     p.add_argument("--state-dir", help="where the agent keeps its state and the model (default ~/.covey/device)")
     p.add_argument("--username")
-    p.add_argument("--password")
+    p.add_argument("--password", help="broker password (others can read it in the process list: use --password-file)")
+    p.add_argument("--password-file", help="file holding the broker password (a site bundle's `password`)")
     p.add_argument("--ca-certs", help="CA bundle for TLS")
     p.add_argument("--certfile")
     p.add_argument("--keyfile")
@@ -149,6 +156,11 @@ def _settings(args: argparse.Namespace) -> Settings:
         unknown = set(raw) - CONFIG_KEYS
         if unknown:
             raise ConfigError(f"{args.config}: unknown key(s) {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")
+        folder = Path(args.config).parent
+        for key in PATH_KEYS:
+            value = raw.get(key)
+            if isinstance(value, str) and value and not Path(value).is_absolute():
+                raw[key] = str(folder / value)
         values.update(raw)
         where.update({key: f"{args.config}: {key}" for key in raw})
     for key in CONFIG_KEYS:
@@ -156,6 +168,9 @@ def _settings(args: argparse.Namespace) -> Settings:
         if flag is not None:
             values[key] = flag
             where[key] = "--" + key.replace("_", "-")
+    for key, other in (("password", "password_file"), ("password_file", "password")):
+        if getattr(args, key, None) is not None and not where.get(other, "--").startswith("--"):
+            del values[other], where[other]  # a flag overrides the config's password in either form
     settings = Settings(values, where)
     check_settings(settings)
     return settings
@@ -218,6 +233,17 @@ def _existing_path(s: Settings, key: str, what: str) -> Path | None:
     return path
 
 
+def _password(s: Settings) -> str | None:
+    """The broker password: given as is, or read from ``password_file`` (not both)."""
+    if s.get("password_file") is None:
+        return s.get("password")
+    if s.get("password") is not None:
+        raise ConfigError(
+            f"{s.name('password')} and {s.name('password_file')} both give the broker password; keep one of them"
+        )
+    return read_password_file(s.get("password_file"), s.name("password_file"))
+
+
 def _tls(s: Settings) -> TlsFiles | None:
     """TLS is on when any TLS file is given (no CA file: the system's trusted CAs).
     Every file is loaded here, so a bad one is named before anything connects."""
@@ -254,6 +280,7 @@ def _main(argv: Sequence[str] | None) -> int:
         if broker is not None and not run:
             raise ConfigError("--run is required with --broker")
         tls = _tls(s)
+        password = _password(s)
         device_id = s.get("id") or socket.gethostname()
         state_dir = Path(s.get("state_dir") or Path.home() / ".covey" / "device" / device_id)
         if state_dir.exists() and not state_dir.is_dir():
@@ -270,7 +297,7 @@ def _main(argv: Sequence[str] | None) -> int:
             port,
             state_dir,
             s.get("username"),
-            s.get("password"),
+            password,
             tls,
             threads=s.get("threads"),
             train_priority=s.get("train_priority") or "idle",
@@ -285,6 +312,15 @@ def _main(argv: Sequence[str] | None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: setattr(agent, "running", False))
         try:
             agent.start()
+            logging.getLogger("covey.device").info(
+                "%s: connected to the broker at %s:%d%s as %s, run %s; waiting for the coordinator's model",
+                device_id,
+                host,
+                port,
+                " over TLS" if tls else "",
+                s.get("username") or "an anonymous client",
+                run,
+            )
             agent.run_forever(idle_timeout=s.get("idle_timeout"))
         finally:
             agent.close()  # never raises, broker or not (device/mqtt.py)

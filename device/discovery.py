@@ -20,7 +20,7 @@ def advertise(run: str, broker_host: str, broker_port: int, port: int = 0):  # t
     from zeroconf import ServiceInfo, Zeroconf
 
     zc = Zeroconf()
-    address = socket.inet_aton(_local_ip())
+    address = socket.inet_aton(local_ip())
     info = ServiceInfo(
         SERVICE,
         f"covey-{run}.{SERVICE}",
@@ -73,7 +73,8 @@ def discover(run: str | None, timeout: float = 10.0) -> tuple[str, int, str]:
     return found[0]
 
 
-def _local_ip() -> str:
+def local_ip() -> str:
+    """This machine's address on the network of its default route (127.0.0.1 without one)."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             s.connect(("10.255.255.255", 1))  # no packet is sent: picks the outgoing interface

@@ -55,6 +55,24 @@ def _readable_file(path: str, name: str) -> None:
         raise ConfigError(f"{name} {path} cannot be read ({exc.strerror}); check its permissions") from None
 
 
+def read_password_file(path: str, name: str = "password_file") -> str:
+    """The broker password kept in ``path`` (its first line, without surrounding
+    whitespace), else ConfigError naming ``name`` (a flag, or a config file and key)."""
+    try:
+        with open(path, encoding="utf-8") as file:
+            text = file.readline().strip()
+    except FileNotFoundError:
+        raise ConfigError(f"{name} {path} does not exist; give the file that holds the broker password") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name} {path} is a folder; give the file that holds the broker password") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise ConfigError(f"{name} {path} cannot be read ({reason}); check its permissions") from None
+    if not text:
+        raise ConfigError(f"{name} {path} is empty; give the file that holds the broker password")
+    return text
+
+
 def check_tls_files(tls: TlsFiles, names: dict[str, str] | None = None) -> None:
     """Load the TLS files the way the connection will, before anything connects.
 
@@ -138,6 +156,8 @@ class MqttLink:
         self._connected = threading.Event()
         self._refused: str | None = None
         self.connections = 0  # successful connects so far: more than one means it reconnected
+        self._refused_event = threading.Event()  # refused, or hung up on before any connection
+        self.disconnects = 0  # connections lost (not closed by us): a client kicked by another counts here
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
         self.dropped = 0
@@ -166,7 +186,9 @@ class MqttLink:
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         if reason_code.is_failure:
             self._refused = str(reason_code)
+            self._refused_event.set()
             return
+        self._refused_event.clear()
         with self._lock:
             topics = list(self._subscriptions)
         for topic in topics:
@@ -176,7 +198,13 @@ class MqttLink:
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         self._connected.clear()
-        if reason_code.is_failure:
+        if self.connections == 0 and not self._refused_event.is_set():
+            # the broker hung up before its CONNACK: a TLS listener that wants a client
+            # certificate does so after the handshake (TLS 1.3); connect() reports it
+            self._refused = ""
+            self._refused_event.set()
+        if reason_code.is_failure and not self._refused_event.is_set():  # a refusal is connect()'s to report
+            self.disconnects += 1
             log.warning("%s: lost the broker (%s); reconnecting", self.client_id, reason_code)
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
@@ -187,17 +215,45 @@ class MqttLink:
 
     # -- API ----------------------------------------------------------------------------
     def connect(self, timeout: float = 10.0) -> None:
+        """Connect within ``timeout`` seconds, else :class:`TransportError` saying why: the
+        broker unreachable, the TLS handshake failed (naming the certificate problem), or
+        the broker refused the credentials (at once, without waiting for the timeout)."""
         try:
             self._client.connect(self.host, self.port, keepalive=self.keepalive)
+        except ssl.SSLCertVerificationError as exc:
+            why = str(exc.verify_message).rstrip(".")
+            raise TransportError(
+                f"TLS with the broker at {self.host}:{self.port} failed: {why}; give the CA that signed the "
+                "broker's certificate (ca_certs) and dial a name or address the certificate holds"
+            ) from None
+        except ssl.SSLError as exc:
+            raise TransportError(
+                f"TLS with the broker at {self.host}:{self.port} failed ({exc.reason or exc}); is that port "
+                "a TLS listener, and does the broker want a client certificate?"
+            ) from None
         except OSError as exc:
             raise TransportError(
                 f"cannot reach the broker at {self.host}:{self.port} ({exc.strerror or exc})"
             ) from None
         self._client.loop_start()
-        if not self._connected.wait(timeout):
-            self._client.loop_stop()
-            reason = f" ({self._refused})" if self._refused else ""
-            raise TransportError(f"no MQTT connection to {self.host}:{self.port} within {timeout:.0f} s{reason}")
+        deadline = time.monotonic() + timeout
+        while not self._connected.wait(0.02):
+            if self._refused_event.is_set() or time.monotonic() > deadline:
+                self._client.loop_stop()
+                break
+        else:
+            return
+        if self._refused == "":
+            raise TransportError(
+                f"the broker at {self.host}:{self.port} closed the connection before accepting it; if it asks for "
+                "a client certificate, give certfile and keyfile (its log says why)"
+            )
+        if self._refused is not None:
+            raise TransportError(
+                f"the broker at {self.host}:{self.port} refused the connection ({self._refused}); "
+                "check the user name and password (or password_file)"
+            )
+        raise TransportError(f"no MQTT connection to {self.host}:{self.port} within {timeout:.0f} s")
 
     def subscribe(self, *topics: str) -> None:
         with self._lock:

@@ -75,9 +75,15 @@ def start_fleet(
     log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
     device_ids: list[str] | None = None,
+    configs: list[Path] | None = None,
 ) -> Fleet:
     """One agent process per writer, its data read from the LEAF folder. Devices are
-    named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise."""
+    named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise.
+
+    With ``configs`` (one per writer: a site bundle's ``device.toml``), each agent runs
+    ``--config`` with it, which gives the broker, run, id and credentials (``host``,
+    ``port`` and ``run`` are not passed); ``device_ids`` then only name the state
+    folders and logs (give the ids the configs hold)."""
     fleet = Fleet(workdir=tempfile.TemporaryDirectory(prefix="covey-fleet-"))
     assert fleet.workdir is not None
     base = Path(fleet.workdir.name)
@@ -86,16 +92,13 @@ def start_fleet(
         device_id = device_ids[i] if device_ids else f"dev{i:03d}"
         log = (log_dir or base) / f"{device_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        where = ["--config", str(configs[i])] if configs else ["--broker", f"{host}:{port}", "--run", run]
         cmd = [
             sys.executable,
             "-m",
             "device.cli",
-            "--broker",
-            f"{host}:{port}",
-            "--run",
-            run,
-            "--id",
-            device_id,
+            *where,
+            *([] if configs else ["--id", device_id]),
             "--data",
             str(root / "train"),
             "--test",

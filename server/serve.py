@@ -52,6 +52,7 @@ class ServeOptions:
     register_timeout: float = 300.0
     resume: bool = False
     advertise: bool = False
+    advertise_host: str | None = None  # the broker host boards are told (None: ``host``); see advertised_host
     federated_eval_every: int = 0
     username: str | None = None
     password: str | None = None
@@ -150,7 +151,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
         if o.advertise:
             from device.discovery import advertise
 
-            zc = advertise(o.run, o.host, o.port)
+            zc = advertise(o.run, o.advertise_host or o.host, o.port)
         resumed = o.resume and coord.resume()
         from tqdm import tqdm
 

@@ -41,3 +41,21 @@ def femnist_pooled(femnist):
         cat([d.x for d in test.values()]),
         cat([d.y for d in test.values()]),
     )
+
+
+@pytest.fixture
+def site_parent():
+    """A folder every user can enter, removed afterwards: where tests make sites.
+
+    Not pytest's ``tmp_path``, whose base folder is private to the user (0700): a
+    mosquitto started as root (as in CI here) drops to the ``mosquitto`` user, which
+    must reach the site's broker files, exactly as on a broker host."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="covey-site-test-"))
+    os.chmod(folder, 0o755)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,152 @@
+"""``covey site init``, ``covey site add-device`` and ``covey broker run --site``.
+
+A site is one folder (:mod:`server.site`): the broker's TLS and identities, the
+coordinator's credentials, and a bundle per board. These commands make it, add a
+board to it, and run its mosquitto in the foreground (for machines without systemd;
+``firmware_scripts/broker-setup.sh`` installs it as the system service instead).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import subprocess
+from pathlib import Path
+from types import FrameType
+
+from device.errors import ConfigError
+
+
+def _cmd_site_init(args: argparse.Namespace) -> int:
+    import os
+
+    from server.site import SiteSpec, init_site
+
+    if args.system and os.geteuid() != 0:
+        raise ConfigError("--system sets the site up for the system's mosquitto service: run it as root (sudo)")
+    spec = SiteSpec(
+        run=args.run,
+        hosts=tuple(args.host or ()),
+        ips=tuple(args.ip or ()),
+        devices=tuple(args.devices or ()),
+        port=args.port,
+        loopback_port=args.loopback_port,
+        client_certs=args.client_certs,
+        system=args.system,
+    )
+    site = init_site(Path(args.dir), spec, force=args.force)
+    s, layout = site.spec, site.layout
+    names = ", ".join((*s.hosts, *s.ips))
+    plain = f"; plain MQTT on 127.0.0.1:{s.loopback_port}" if s.loopback_port else ""
+    print(f"made the covey site {s.run!r} in {layout.root}")
+    print(f"  broker:      {layout.broker_conf} (TLS on port {s.port} for {names}{plain})")
+    print(f"  coordinator: {layout.coordinator_dir} (user coordinator)")
+    print(f"  boards:      {layout.devices_dir}/<ID>/, one bundle per board: {', '.join(s.devices)}")
+    print(f"next: covey broker run --site {layout.root}   (or firmware_scripts/broker-setup.sh for systemd)")
+    return 0
+
+
+def _cmd_site_add_device(args: argparse.Namespace) -> int:
+    from server.site import add_device
+
+    bundle = add_device(Path(args.dir), args.id, client_cert=args.client_cert)
+    print(f"added {args.id!r}: its bundle is {bundle}")
+    print(
+        "a running broker takes the new password after a reload: `sudo systemctl reload mosquitto`, "
+        "or `kill -HUP` the `covey broker run` process"
+    )
+    return 0
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _cmd_broker_run(args: argparse.Namespace) -> int:
+    """mosquitto in the foreground with the site's config: SIGTERM and Ctrl-C stop it
+    (it saves its sessions first), SIGHUP reloads the passwords and the ACL."""
+    from server.broker import mosquitto_binary
+    from server.site import load_site
+
+    site = load_site(Path(args.site))
+    conf = site.layout.broker_conf
+    if not conf.is_file():
+        raise ConfigError(f"{conf} is missing; make the site again with `covey site init`")
+    binary = mosquitto_binary()
+    for host, port, flag in (("", site.spec.port, "--port"), ("127.0.0.1", site.spec.loopback_port, "--loopback-port")):
+        if port is not None and not _port_free(host, port):
+            raise ConfigError(
+                f"port {port} is in use (another mosquitto? `sudo systemctl stop mosquitto`), or make the site "
+                f"with another {flag}"
+            )
+    plain = f" and plain MQTT on 127.0.0.1:{site.spec.loopback_port}" if site.spec.loopback_port else ""
+    print(f"mosquitto for the covey site {site.spec.run!r}: TLS on port {site.spec.port}{plain}; Ctrl-C stops it")
+    print(f"  mosquitto -c {conf}", flush=True)
+    proc = subprocess.Popen([binary, "-c", str(conf)])
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # the terminal sent SIGINT to mosquitto too: let it save and stop
+        proc.wait()
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if code != 0:
+        raise ConfigError(f"mosquitto stopped with status {code}: see its messages above")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    site = sub.add_parser("site", help="a site: the broker's TLS and identities, and a bundle per board")
+    site_sub = site.add_subparsers(dest="site_command", required=True, metavar="ACTION")
+    p = site_sub.add_parser(
+        "init",
+        help="make a site folder: CA, broker certificate, passwords, mosquitto config and ACL, board bundles",
+        description="Makes DIR with a private CA, the broker's certificate (every --host and --ip in its "
+        "subjectAltName), a password per device and for the coordinator, mosquitto's password file, ACL and "
+        "config, and DIR/devices/<ID>/ per board (device.toml, CA, password). Nothing is written unless every "
+        "value is valid. Run as root, the broker's files are readable by the mosquitto user.",
+    )
+    p.add_argument("dir", metavar="DIR", help="the site folder to make (new or empty, or --force)")
+    p.add_argument("--host", action="append", metavar="NAME", help="a name boards dial (repeatable)")
+    p.add_argument("--ip", action="append", metavar="ADDR", help="an address boards dial (repeatable)")
+    p.add_argument("--devices", nargs="+", metavar="ID", help="the boards' ids (more later with add-device)")
+    p.add_argument("--run", default="site", help="run id the boards join (default: site)")
+    p.add_argument("--port", type=int, default=8883, help="the TLS listener's port (default 8883)")
+    p.add_argument("--loopback-port", type=int, metavar="P", help="also plain MQTT on 127.0.0.1:P")
+    p.add_argument(
+        "--client-certs",
+        action="store_true",
+        help="every client also needs a certificate from the site's CA (issued to each device and the coordinator)",
+    )
+    p.add_argument(
+        "--system",
+        action="store_true",
+        help="for the system's mosquitto service (as root): persistence in /var/lib/mosquitto",
+    )
+    p.add_argument("--force", action="store_true", help="replace DIR if it holds anything (boards need new bundles)")
+    p.set_defaults(func=_cmd_site_init)
+
+    p = site_sub.add_parser("add-device", help="add a board to a site: its password and bundle")
+    p.add_argument("dir", metavar="DIR", help="the site folder")
+    p.add_argument("id", metavar="ID", help="the new device's id")
+    p.add_argument("--client-cert", action="store_true", help="issue a client certificate too")
+    p.set_defaults(func=_cmd_site_add_device)
+
+    broker = sub.add_parser("broker", help="the site's MQTT broker")
+    broker_sub = broker.add_subparsers(dest="broker_command", required=True, metavar="ACTION")
+    p = broker_sub.add_parser("run", help="run the site's mosquitto in the foreground (without systemd)")
+    p.add_argument("--site", required=True, metavar="DIR", help="a folder made by `covey site init`")
+    p.set_defaults(func=_cmd_broker_run)

@@ -1,0 +1,156 @@
+"""firmware_scripts/broker-setup.sh and provision-device.sh, with and without systemd.
+
+The systemd path runs against a ``systemctl`` stand-in on PATH that records its
+arguments (a test must not restart this machine's services), with the unit and
+conf.d folders redirected by the scripts' environment variables; every other part
+is real: ``covey site init``, the copied files and their modes. The path without
+systemd is replayed in full by tests/site/test_site_run.py.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = REPO / "firmware_scripts"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def systemctl(tmp_path: Path) -> Path:
+    """A stand-in ``systemctl`` that logs its arguments; returns the log."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    log = tmp_path / "systemctl.log"
+    fake = folder / "systemctl"
+    fake.write_text(f'#!/bin/sh\necho "$@" >> "{log}"\n')
+    fake.chmod(0o755)
+    return log
+
+
+def run(script: str, *argv: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full = {**os.environ, "PYTHONPATH": str(REPO), "COVEY": str(BIN / "covey"), **env}
+    return subprocess.run([str(SCRIPTS / script), *argv], env=full, capture_output=True, text=True, timeout=120)
+
+
+def one_line(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, proc.stderr
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def site(folder: Path) -> Path:
+    argv = [str(BIN / "covey"), "site", "init", str(folder), "--ip", "10.0.0.1", "--devices", "pi-1"]
+    subprocess.run(argv, env={**os.environ, "PYTHONPATH": str(REPO)}, check=True, capture_output=True)
+    return folder
+
+
+def test_provision_with_systemd_installs_the_bundle_and_the_unit(
+    site_parent: Path, tmp_path: Path, systemctl: Path
+) -> None:
+    # Prepare
+    bundle = site(site_parent / "site") / "devices" / "pi-1"
+    data, test = tmp_path / "train.npz", tmp_path / "test.npz"
+    data.write_bytes(b"x")
+    test.write_bytes(b"x")
+    prefix, units = tmp_path / "root", tmp_path / "units"
+    units.mkdir()
+
+    # Execute
+    proc = run(
+        "provision-device.sh",
+        str(bundle),
+        str(data),
+        str(test),
+        COVEY_PREFIX=str(prefix),
+        COVEY_SYSTEMD="yes",
+        SYSTEMD_UNIT_DIR=str(units),
+        COVEY_DEVICE="/opt/covey/venv/bin/covey-device",
+        PATH=f"{systemctl.parent / 'bin'}:{os.environ['PATH']}",
+    )
+
+    # Assert: the bundle with its secrets private, the data paths added, the unit enabled and (re)started
+    assert proc.returncode == 0, proc.stderr
+    etc = prefix / "etc" / "covey"
+    assert stat.S_IMODE((etc / "password").stat().st_mode) == 0o600
+    assert stat.S_IMODE(etc.stat().st_mode) == 0o700
+    assert (etc / "password").read_text() == (bundle / "password").read_text()
+    toml = (etc / "device.toml").read_text()
+    for line in (f'data = "{data}"', f'test = "{test}"', f'state_dir = "{prefix}/var/lib/covey/pi-1"', 'id = "pi-1"'):
+        assert line in toml.splitlines(), line
+    unit = (units / "covey-device.service").read_text()
+    assert f"ExecStart=/opt/covey/venv/bin/covey-device --config {etc}/device.toml -v" in unit
+    assert systemctl.read_text().splitlines() == ["daemon-reload", "enable covey-device", "restart covey-device"]
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        ([], ["bundle folder", "usage"]),
+        (["{site}"], ["bundle folder", "usage"]),
+        (["{site}", "{data}"], ["no device.toml", "DIR/devices/ID"]),
+        (["{bundle}", "/nonexistent/train.npz"], ["/nonexistent/train.npz", "does not exist"]),
+        (["{bundle}", "{data}", "/nonexistent/test.npz"], ["/nonexistent/test.npz", "does not exist"]),
+    ],
+)
+def test_provision_mistakes_are_one_line_and_install_nothing(
+    site_parent: Path, tmp_path: Path, args: list[str], needles: list[str]
+) -> None:
+    folder = site(site_parent / "site")
+    data = tmp_path / "train.npz"
+    data.write_bytes(b"x")
+    values = {"site": str(folder), "bundle": str(folder / "devices" / "pi-1"), "data": str(data)}
+    prefix = tmp_path / "root"
+    proc = run("provision-device.sh", *(a.format(**values) for a in args), COVEY_PREFIX=str(prefix), COVEY_SYSTEMD="no")
+    one_line(proc, *needles)
+    assert not prefix.exists()
+
+
+def test_broker_setup_without_systemd_makes_the_site_and_says_how_to_run_it(site_parent: Path) -> None:
+    proc = run(
+        "broker-setup.sh", str(site_parent / "site"), "--ip", "10.0.0.1", "--devices", "pi-1", COVEY_SYSTEMD="no"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (site_parent / "site" / "devices" / "pi-1" / "device.toml").exists()
+    assert f"broker run --site {site_parent / 'site'}" in proc.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the systemd path runs covey site init as root; sudo would ask")
+def test_broker_setup_with_systemd_installs_the_config_for_the_service(
+    site_parent: Path, tmp_path: Path, systemctl: Path
+) -> None:
+    # Execute
+    conf_d = tmp_path / "conf.d"
+    proc = run(
+        "broker-setup.sh",
+        str(site_parent / "site"),
+        "--host",
+        "broker.lan",
+        "--ip",
+        "192.168.1.10",
+        "--devices",
+        "pi-1",
+        COVEY_SYSTEMD="yes",
+        MOSQUITTO_CONF_D=str(conf_d),
+        PATH=f"{systemctl.parent / 'bin'}:{os.environ['PATH']}",
+    )
+
+    # Assert: the site's config, for the system service (sessions in /var/lib/mosquitto), installed and restarted
+    assert proc.returncode == 0, proc.stderr
+    conf = (conf_d / "covey.conf").read_text()
+    assert conf == (site_parent / "site" / "broker" / "mosquitto.conf").read_text()
+    assert "persistence_location /var/lib/mosquitto/" in conf
+    assert not (site_parent / "site" / "broker" / "data").exists()
+    assert systemctl.read_text().splitlines() == ["restart mosquitto", "is-active --quiet mosquitto"]
+
+
+def test_broker_setup_without_a_folder_is_one_line() -> None:
+    one_line(run("broker-setup.sh", "--host", "broker.lan", COVEY_SYSTEMD="no"), "site folder", "usage")

@@ -1,0 +1,80 @@
+"""``covey broker run --site DIR``: the site's mosquitto in the foreground.
+
+It serves the site's TLS listener, takes a device added with ``covey site add-device``
+after a SIGHUP (the reload systemd does), stops with status 0 on SIGTERM, and refuses
+to start on a port already in use with one line.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from device.errors import TransportError
+from server.broker import BrokerHandle, wait_for_port
+from tests.covey.test_cli_mistakes import assert_one_line_error, covey
+from tests.site.conftest import SiteBroker, init
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.broker
+
+
+def broker_run(site: Path, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "covey.cli", "broker", "run", "--site", str(site)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def test_broker_run_serves_the_site_and_reloads_on_sighup(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare
+    site = init(site_parent / "site", "d1")
+    proc = broker_run(site.layout.root, tmp_path / "broker.log")
+    try:
+        wait_for_port("127.0.0.1", site.spec.port, 15, proc)
+        broker = SiteBroker(site, BrokerHandle("127.0.0.1", site.spec.port, "mosquitto"))
+        assert broker.connected("d1").connected
+
+        # Execute: a new board, then the reload
+        assert covey("site", "add-device", str(site.layout.root), "d2").returncode == 0
+        with pytest.raises(TransportError, match="refused"):
+            broker.link("d2").connect(10)  # not yet: the broker has the old password file
+        proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 15
+        accepted = False
+        while not accepted and time.monotonic() < deadline:
+            try:
+                accepted = broker.connected("d2").connected
+            except TransportError:
+                time.sleep(0.2)
+        for link in broker.links:
+            link.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(15)
+
+    # Assert
+    assert accepted, "d2 was not accepted after the reload"
+    assert status == 0, (tmp_path / "broker.log").read_text()
+    assert "Ctrl-C stops it" in (tmp_path / "broker.log").read_text()
+
+
+def test_broker_run_on_a_port_in_use_is_one_line(site_parent: Path, tmp_path: Path) -> None:
+    import socket
+
+    site = init(site_parent / "site", "d1")
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", site.spec.port))
+        taken.listen()
+        proc = covey("broker", "run", "--site", str(site.layout.root))
+    assert_one_line_error(proc, f"port {site.spec.port} is in use", "--port")
