@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -301,15 +300,13 @@ def test_bad_broker_and_missing_data_in_a_subprocess(tmp_path: Path, data: Path)
 
 # -- 6. TLS files ----------------------------------------------------------------------------------
 def _openssl_pair(tmp_path: Path, name: str) -> tuple[Path, Path]:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+    """A self-signed certificate and its key (made with the site tooling's CA code)."""
+    from server.site.certs import make_ca
+
+    issued = make_ca(name)
     cert, key = tmp_path / f"{name}.crt", tmp_path / f"{name}.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-         "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", f"/CN={name}"],
-        check=True,
-        capture_output=True,
-    )  # fmt: skip
+    cert.write_bytes(issued.cert_pem)
+    key.write_bytes(issued.key_pem)
     return cert, key
 
 

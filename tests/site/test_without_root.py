@@ -22,14 +22,18 @@ from server.site import load_site
 from tests.site.conftest import SiteBroker
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.broker
+pytestmark = [
+    pytest.mark.broker,
+    pytest.mark.skipif(
+        os.geteuid() == 0 and shutil.which("setpriv") is None,
+        reason="running as root without setpriv (util-linux): cannot become an unprivileged user",
+    ),
+]
 
 
 def as_user(argv: list[str]) -> list[str]:
     if os.geteuid() != 0:
         return argv
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv: cannot become an unprivileged user")
     return ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", *argv]
 
 
