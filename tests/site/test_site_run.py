@@ -139,14 +139,18 @@ def test_a_site_runs_fedgsp_over_tls_as_the_guide_tells_it(site_parent: Path, tm
 
 # What the test above runs of docs/site-guide.md, and the test that runs each other command.
 GUIDE = {
-    "covey site init DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": "above (with --port, --run)",
-    "covey broker run --site DIR": "above",
+    "covey site init DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": (
+        "above (with --port, --run); test_multihost.py (--ip only, across network namespaces)"
+    ),
+    "covey broker run --site DIR": "above; test_multihost.py (on the broker's own host)",
     "sudo firmware_scripts/broker-setup.sh DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": "test_scripts.py",
     "firmware_scripts/install-device.sh /opt/covey": "none: it installs from the package index",
-    "firmware_scripts/provision-device.sh BUNDLE DATA TEST": "above (under a prefix, without systemd)",
-    "/opt/covey/venv/bin/covey-device --config /etc/covey/device.toml -v": "above (the command provision prints)",
+    "firmware_scripts/provision-device.sh BUNDLE DATA TEST": "above and test_multihost.py (under a prefix)",
+    "/opt/covey/venv/bin/covey-device --config /etc/covey/device.toml -v": (
+        "above and test_multihost.py (the command provision prints, on each board's host)"
+    ),
     "covey server run --site DIR --strategy fedgsp --min-devices 4 --rounds 20 --eval-data EVAL --state-dir STATE": (
-        "above (2 rounds)"
+        "above and test_multihost.py (2 rounds, on the coordinator's own host)"
     ),
 }
 
