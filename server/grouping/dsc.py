@@ -16,12 +16,16 @@ letter's value). Clients AP leaves unassigned (no convergence, or a primary grou
 too small to split) join the nearest group by Euclidean distance of their Ξ rows
 to the groups' mean Ξ rows.
 
-Primary similarity. Eq. (8) literally puts ``-γ_ik²`` off the diagonal: pairs with a
-*strong* link would be *dissimilar*, the opposite of grouping clients that hear each
-other well. covey's default (``snr_similarity="profile"``) is the usual AP
-similarity, the negative squared Euclidean distance between clients' SNR profiles
-(rows of Γ in dB), which puts clients with similar links together;
-``snr_similarity="paper"`` gives Eq. (8) as printed.
+Primary similarity. Eq. (8) puts ``-γ_ik²`` off the diagonal, with γ the SNR as a
+power ratio (Sec. II-B defines ``γ = p|h|²/σ²``, not decibels). Printed that way, a
+pair with a *strong* link is the *least* similar (at the letter's link budget, about
+-35 to -115 dB, a -35 dB pair scores -1e-7 and a -115 dB pair -1e-23): AP would
+group clients that hear each other badly. ``snr_similarity="paper"`` computes exactly
+that, from Γ given in dB: ``-(10^(Γ/10))²``. (An earlier covey squared the dB values,
+``-(Γ_dB)²``, which ranks the pairs the other way round and is not Eq. 8.) covey's
+default, ``snr_similarity="profile"``, is the usual AP similarity: the negative
+squared Euclidean distance between clients' SNR profiles (rows of Γ in dB), which puts
+clients with similar links together.
 """
 
 from __future__ import annotations
@@ -63,8 +67,8 @@ def snr_similarity_matrix(snr_db: np.ndarray, mode: str = "profile") -> np.ndarr
     gamma = check_square(snr_db, "SNR matrix", symmetric=True)
     if mode == "profile":
         return -((gamma[:, None, :] - gamma[None, :, :]) ** 2).sum(-1)
-    if mode == "paper":
-        return -(gamma**2)
+    if mode == "paper":  # Eq. (8) as printed: γ as a power ratio
+        return -((10.0 ** (gamma / 10.0)) ** 2)
     raise GroupingError(f"snr_similarity must be 'profile' or 'paper', got {mode!r}")
 
 

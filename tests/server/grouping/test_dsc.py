@@ -68,3 +68,17 @@ def test_estimator_and_bad_input() -> None:
         dsc_groups(np.zeros((3, 3)), np.ones((4, 2)))
     with pytest.raises(GroupingError, match="snr_similarity"):
         DualSegmentClustering(snr_similarity="fancy")
+
+
+def test_paper_similarity_is_equation_8_as_printed_on_power_ratios() -> None:
+    from server.grouping.dsc import snr_similarity_matrix
+
+    # the letter's link budget: a strong pair (-35 dB) and a weak one (-115 dB)
+    snr = np.array([[-20.0, -35.0, -115.0], [-35.0, -20.0, -60.0], [-115.0, -60.0, -20.0]])
+
+    paper = snr_similarity_matrix(snr, "paper")
+    profile = snr_similarity_matrix(snr, "profile")
+
+    np.testing.assert_allclose(paper, -((10 ** (snr / 10)) ** 2))
+    assert paper[0, 1] < paper[0, 2]  # printed Eq. 8: the strong pair is the less similar
+    assert profile[0, 1] > profile[0, 2]  # covey's default: clients with alike links are similar
