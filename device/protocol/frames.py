@@ -87,7 +87,7 @@ class FrameHeader:
     def __post_init__(self) -> None:
         if self.n_chunks > 100_000 or self.chunk >= self.n_chunks:
             raise ValueError(f"chunk {self.chunk} of {self.n_chunks} is out of range")
-        if self.n_chunks != max(1, math.ceil(self.nbytes / self.chunk_size)):
+        if self.n_chunks != max(1, -(-self.nbytes // self.chunk_size)):  # integer ceil: no float overflow
             raise ValueError(f"{self.n_chunks} chunks of {self.chunk_size} bytes cannot carry {self.nbytes} bytes")
         if math.prod(self.shape) * np.dtype(DTYPES[self.dtype]).itemsize != self.nbytes:
             raise ValueError(f"shape {list(self.shape)} of {self.dtype} does not hold {self.nbytes} bytes")
@@ -203,8 +203,8 @@ def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameH
         raise ProtocolError(f"frame header length {head_len} does not fit the {len(frame)}-byte frame (truncated)")
     try:
         raw: Any = json.loads(frame[8 : 8 + head_len].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ProtocolError("frame header is not UTF-8 JSON") from None
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, too deep
+        raise ProtocolError("frame header is not UTF-8 JSON (or nests too deeply)") from None
     header = from_body(FrameHeader, raw, "frame header")
     chunk = memoryview(frame)[8 + head_len :]  # the payload chunk, not copied
     if len(chunk) != header.chunk_length(header.chunk):

@@ -347,7 +347,7 @@ def decode_message(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError("a binary frame arrived where a control message was expected")
     try:
         raw = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer of > 4300 digits, too deep
         raise ProtocolError(f"control message is not UTF-8 JSON ({str(exc)[:80]})") from None
     if not isinstance(raw, dict):
         raise ProtocolError("control message must be a JSON object")
