@@ -83,6 +83,11 @@ class AgentStats:
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
+    def queue_full(self, total: int) -> None:
+        """The link's count of messages lost to a full receive queue (``device/mqtt.py``)."""
+        if total > self.dropped.get("receive queue full", 0):
+            self.dropped["receive queue full"] = total
+
 
 @dataclass
 class _Task:
@@ -167,6 +172,7 @@ class Agent:
         last = time.monotonic()
         while self.running:
             item = self.link.receive(timeout=1.0)
+            self.stats.queue_full(self.link.dropped)
             if item is None:
                 if idle_timeout is not None and time.monotonic() - last > idle_timeout:
                     log.info("%s: idle for %.0f s, leaving", self.me, idle_timeout)
@@ -384,7 +390,6 @@ class Agent:
             self.link.publish(self.topics.status(self.me), b"offline", retain=True, wait=2.0)
         with contextlib.suppress(Exception):
             self.link.close()
-
 
 
 def _available_memory_mb() -> int:

@@ -139,7 +139,8 @@ class MqttLink:
         self._refused: str | None = None
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
-        self.dropped = 0
+        self.dropped = 0  # messages lost to a full receive queue (the owner reports them)
+        self._burst = 0
         self._closed = False
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
@@ -180,8 +181,15 @@ class MqttLink:
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
         try:
             self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
-        except queue.Full:
+        except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
             self.dropped += 1
+            self._burst += 1
+            if self._burst == 1:
+                log.warning("%s: receive queue full (%d); dropping messages", self.client_id, self._queue.maxsize)
+            return
+        if self._burst:
+            log.warning("%s: receive queue has room again; %d message(s) dropped", self.client_id, self._burst)
+            self._burst = 0
 
     # -- API ----------------------------------------------------------------------------
     def connect(self, timeout: float = 10.0) -> None:

@@ -95,6 +95,7 @@ class Coordinator:
         self.round = 0
         self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
+        self._queue_dropped = 0  # the link's queue-full count already reported
         self._started = False
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = MqttLink(
@@ -317,6 +318,9 @@ class Coordinator:
         return self.registry.distance_matrix()
 
     def round_stats(self) -> RoundStats:
+        queue_full, self._queue_dropped = self.link.dropped - self._queue_dropped, self.link.dropped
+        if queue_full:  # lost before anyone could read them (device/mqtt.py logs each burst)
+            self._dropped["receive queue full"] = self._dropped.get("receive queue full", 0) + queue_full
         stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped))
         self._dropped = {}
         return stats
