@@ -97,6 +97,7 @@ class Coordinator:
         self._dropped: dict[str, int] = {}
         self._queue_dropped = 0  # the link's queue-full count already reported
         self._started = False
+        self._artifact_sha256 = self.manifest.sha256  # until publish_artifact strips the model
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = MqttLink(
             f"covey-{config.run}-server",
@@ -132,7 +133,8 @@ class Coordinator:
         self.link.publish(topic, data, retain=retain)
 
     def _status(self, state: str) -> bytes:
-        body = ServerStatus(self.epoch, state, model_sha256=self.manifest.sha256)  # type: ignore[arg-type]
+        # the sha256 of what devices download (the artifact), not of the server's own file
+        body = ServerStatus(self.epoch, state, model_sha256=self._artifact_sha256)  # type: ignore[arg-type]
         return Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode()
 
     def connect(self, timeout: float = 15.0) -> None:
@@ -161,6 +163,7 @@ class Coordinator:
             model_bytes, manifest = device_artifact(model_bytes, manifest)
         except ModelError as exc:
             log.warning("publishing %s with its initial values: %s", self.model_path.name, exc)
+        self._artifact_sha256 = str(manifest["sha256"])
         send_model(
             self._publish,
             self.topics.artifact_chunk,
