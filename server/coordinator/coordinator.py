@@ -46,6 +46,7 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from server.artifact import device_artifact
 from server.coordinator import checkpoint
+from server.coordinator.admission import Admission
 from server.coordinator.execution import RoundExecution
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
@@ -54,6 +55,7 @@ from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats, record_
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
+LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
 
 
 @dataclass
@@ -73,6 +75,11 @@ class CoordinatorConfig:
     username: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
+    # admission control (server/coordinator/admission.py): the provisioned ids of a site
+    # run (None: anyone may register), a cap, and confirmation pings per second
+    allowed_devices: frozenset[str] | None = None
+    max_devices: int = 1000
+    max_registrations_per_s: float = 20.0
 
 
 class Coordinator:
@@ -91,7 +98,15 @@ class Coordinator:
         self.model = TFLiteModel(self.model_path, self.manifest)
         self.eval_data = eval_data
         self.epoch = uuid.uuid4().hex[:8]  # this process; task ids and shared keys carry it
-        self.registry = Registry(self.manifest.n_classes)
+        self.registry = Registry(
+            self.manifest.n_classes,
+            Admission(
+                allowed=config.allowed_devices,
+                max_devices=config.max_devices,
+                rate=config.max_registrations_per_s,
+                burst=max(1.0, 5 * config.max_registrations_per_s),
+            ),
+        )
         self.round = 0
         self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
@@ -179,19 +194,22 @@ class Coordinator:
         self.link.publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True, wait=30.0)
 
     def drop(self, reason: str, detail: str) -> None:
-        self._dropped[reason] = self._dropped.get(reason, 0) + 1
-        log.warning("dropped: %s (%s)", reason, detail)
+        n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        if n <= LOGGED_DROPS:  # a flood is counted in full but logs a few lines per reason and round
+            log.warning("dropped: %s (%s)%s", reason, detail, " [more are counted, not logged]" * (n == LOGGED_DROPS))
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
         """Handle one incoming message (if any arrives within ``timeout``)."""
+        for device, t in self.registry.pings_due():  # admission: confirm new devices
+            self._publish(self.topics.inbox(device), Message.of(Ping(t), run=self.cfg.run, sender=SERVER_ID).encode())
         item = self.link.receive(timeout)
         if item is None:
             return
         try:
             self._dispatch(item)
         except CoveyError as exc:
-            self.drop(type(exc).__name__, f"{item.topic}: {exc}")
+            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}")
         except Exception as exc:  # no single message, from anyone, may stop a run
             log.exception("unexpected error handling %s", item.topic)
             self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}")
@@ -225,16 +243,20 @@ class Coordinator:
                 raise ProtocolError(f"{msg.type!r} on a register topic")
             self._on_register(device, msg.body)
         elif isinstance(msg.body, Pong):
-            self.registry.pong(device, msg.body)
+            confirmed = self.registry.pong(device, msg.body)
+            if confirmed is not None and self._started:
+                self.strategy.add_client(confirmed)  # a newcomer passed admission
         elif msg.type == "result":
             self._on_result(device, msg)
         else:
             raise ProtocolError(f"{msg.type!r} is not a result")
 
     def _on_register(self, device: str, body: Register) -> None:
-        info, changed = self.registry.register(device, body)
-        if self._started and changed:
-            self.strategy.add_client(info)  # a newcomer, or new counts
+        reg = self.registry.register(device, body)
+        for evicted in reg.evicted:
+            self.drop("registration evicted before confirming", f"{evicted}: more than the pending limit")
+        if self._started and reg.changed and reg.info is not None:
+            self.strategy.add_client(reg.info)  # new counts
 
     def _on_result(self, device: str, msg: Message) -> None:
         rec = self.registry.known(device)
