@@ -9,6 +9,14 @@ into what a device receives, evaluation and the record of a round — is written
 once, so that the same seed and plan give the same models in both (a test holds them
 together, ``tests/mqtt/test_equivalence.py``).
 
+A round whose sampled devices all fail (every group came back without a single
+member's result) is retried: the devices that failed are marked unavailable to the
+strategy (:attr:`Strategy.unavailable`, which its sampling honours) and it plans the
+round again, up to ``max_attempts`` plans in all. The record's ``extra`` then holds
+``retries`` (plans beyond the first) and ``retry_excluded`` (devices set aside); a
+round that still got nothing keeps every model as it was (``failed_round`` = 1). The
+retry never runs when something came back, so it cannot change a run without failures.
+
 Accuracies are named for what they measure (:class:`RoundRecord`):
 ``federated_accuracy`` scores every client with the model it would use now
 (:meth:`Strategy.model_for`) on its own test set, weighted by test samples (what the
@@ -18,6 +26,7 @@ server owns, when there is one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +34,13 @@ from typing import Protocol
 
 import numpy as np
 
+from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
 from server.metrics import pairwise_cpd
 from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
+
+log = logging.getLogger("covey.server")
 
 
 @dataclass(frozen=True)
@@ -171,6 +183,7 @@ class RoundDriver:
     server_eval : the global model's accuracy and loss on the server's held-out set.
     cost_model : FedGSP Eq. (15)-(17) parameters.
     last_round : the run's last round (to score it even off the schedule).
+    max_attempts : plans per round at most when every sampled device fails (1: no retry).
     """
 
     def __init__(
@@ -183,7 +196,11 @@ class RoundDriver:
         server_eval: ServerEvaluator | None = None,
         cost_model: CostModel | None = None,
         last_round: int | None = None,
+        max_attempts: int = 3,
     ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.max_attempts = max_attempts
         self.strategy, self.backend, self.seed = strategy, backend, int(seed)
         self.federated_eval_every = federated_eval_every
         self.server_eval = server_eval
@@ -207,8 +224,12 @@ class RoundDriver:
         self.rnd += 1
         start = time.perf_counter()
         extra = dict(self.backend.before_round(self.rnd))
-        plan = self.strategy.plan_round(self.rnd, self.context)
-        results = self.backend.execute(plan, seed=self.seed)
+        plan, results, excluded, attempts = self._plan_and_execute()
+        if excluded:
+            extra["retries"] = float(attempts - 1)
+            extra["retry_excluded"] = float(len(excluded))
+            if _nothing_returned(plan, results):
+                extra["failed_round"] = 1.0
         summary = self.strategy.aggregate(self.rnd, plan, results)
         fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
         srv_acc, srv_loss = (float("nan"), float("nan"))
@@ -239,6 +260,38 @@ class RoundDriver:
         )
         self.records.append(record)
         return record
+
+    def _plan_and_execute(self) -> tuple[RoundPlan, list[GroupResult], set[str], int]:
+        """Plan and run the round; plan again without the failed devices while nothing
+        came back, up to ``max_attempts`` plans. Returns the last plan, its results, the
+        devices set aside and the number of plans executed."""
+        plan = self.strategy.plan_round(self.rnd, self.context)
+        results = self.backend.execute(plan, seed=self.seed)
+        excluded: set[str] = set()
+        attempt, planned = 1, 1
+        while _nothing_returned(plan, results) and attempt < self.max_attempts:
+            excluded.update(plan.participants)
+            attempt += 1
+            log.warning(
+                "round %d: none of the %d sampled devices returned a model; planning again without them (%d of %d)",
+                self.rnd,
+                len(plan.participants),
+                attempt,
+                self.max_attempts,
+            )
+            self.strategy.unavailable = frozenset(excluded)
+            try:
+                retry = self.strategy.plan_round(self.rnd, self.context)
+            except (CoveyError, ValueError) as exc:  # nobody else to ask, or too few to group
+                log.warning("round %d: no other devices to try (%s)", self.rnd, exc)
+                break
+            finally:
+                self.strategy.unavailable = frozenset()
+            plan, results = retry, self.backend.execute(retry, seed=self.seed)
+            planned += 1
+        if excluded and _nothing_returned(plan, results):
+            log.warning("round %d: no device returned a model; every model stays as it was", self.rnd)
+        return plan, results, excluded, planned
 
     def run(self, rounds: int, progress: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         """Step until round ``rounds`` (counting rounds already done)."""
@@ -279,6 +332,11 @@ class RoundDriver:
         counts = np.array([c.class_counts for c in infos], np.float64)
         groups = [np.array([index[c] for c in g.members if c in index]) for g in plan.groups]
         return float(np.median(pairwise_cpd(counts, groups)))
+
+
+def _nothing_returned(plan: RoundPlan, results: Sequence[GroupResult]) -> bool:
+    """Every group of a non-empty plan came back without a single member's result."""
+    return bool(plan.groups) and not any(r.members for r in results)
 
 
 def records_as_dicts(records: Sequence[RoundRecord]) -> list[dict[str, object]]:

@@ -5,7 +5,9 @@ Each group's hand-off mode is chosen here (``direct``, ``relay``, alternating
 to its peers or whose measured RTT exceeds ``relay_rtt_ms``). Every member's
 assignment is published retained; the managers send requests and models, and the
 coordinator's receive loop feeds them results until every group is done or its
-deadline passed.
+deadline passed. When the round driver plans a round again (every sampled device
+failed), the new plan's task ids carry the attempt (``<epoch>a2-r<round>-...``), so no
+late reply to the first plan can pass for one to the second.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class RoundExecution:
     def __init__(self, coordinator: Coordinator, shared: SharedModels) -> None:
         self.coord, self.shared = coordinator, shared
         self.managers: list[GroupManager] = []
+        self._attempts: dict[int, int] = {}  # round -> plans executed
 
     def _handoff_for(self, group_index: int, members: Sequence[str]) -> Handoff:
         mode = self.coord.cfg.handoff
@@ -48,6 +51,8 @@ class RoundExecution:
             raise ProtocolError(f"plan names unknown devices {unknown}")
         now = time.monotonic()
         self.managers = []
+        attempt = self._attempts[plan.round] = self._attempts.get(plan.round, 0) + 1
+        prefix = c.epoch if attempt == 1 else f"{c.epoch}a{attempt}"
         try:
             for i, g in enumerate(plan.groups):
                 manager = GroupManager(
@@ -61,7 +66,7 @@ class RoundExecution:
                     deadline_s=c.cfg.deadline_s,
                     seed=seed,
                     max_chunk=c.cfg.max_chunk,
-                    task_prefix=c.epoch,
+                    task_prefix=prefix,
                     shared=self.shared,
                 )
                 for d in g.members:

@@ -3,43 +3,23 @@ devices evaluate the model on their own test sets."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
-from device.data import class_counts, read_leaf
 from device.mqtt import MqttLink
-from device.protocol import Message, Ping, Pong, Register, Topics, decode_message
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
-from tests.mqtt.conftest import femnist_root
+from tests.mqtt.conftest import femnist_root, register_silent_device
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
 
 
-def _register_ghost(broker, run: str, n_classes: int = 62) -> MqttLink:  # type: ignore[no-untyped-def]
+def _register_ghost(broker, run: str) -> MqttLink:  # type: ignore[no-untyped-def]
     """A device that registers, answers its confirmation ping, and then never answers."""
-    link = MqttLink("ghost", broker.host, broker.port, clean_session=True)
-    link.connect(10)
-    topics = Topics(run)
-    link.subscribe(topics.inbox("ghost"))
-    counts = class_counts(next(iter(read_leaf(femnist_root() / "train").values())).y, n_classes)
-    body = Register(int(counts.sum()), 0, tuple(int(c) for c in counts), "ai_edge_litert", 100)
-    link.publish(topics.register("ghost"), Message.of(body, run=run, sender="ghost").encode(), wait=5)
-
-    def answer_pings() -> None:
-        while link.connected:
-            item = link.receive(0.2)
-            if item is not None and isinstance((msg := decode_message(item.payload)).body, Ping):
-                pong = Message.of(Pong(msg.body.t), run=run, sender="ghost")
-                link.publish(topics.results("ghost"), pong.encode())
-
-    threading.Thread(target=answer_pings, daemon=True).start()
-    return link
+    return register_silent_device(broker, run, "ghost")
 
 
 @pytest.mark.parametrize("handoff", ["direct", "relay"])
