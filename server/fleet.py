@@ -61,9 +61,12 @@ def start_fleet(
     log_dir: Path | None = None,
     extra_env: dict[str, str] | None = None,
     device_ids: list[str] | None = None,
+    scripts: dict[str, Path] | None = None,
 ) -> Fleet:
     """One agent process per writer, its data read from the LEAF folder. Devices are
-    named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise."""
+    named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise. A device
+    named in ``scripts`` runs that script (with covey-device's flags) instead of the
+    agent: a deliberately broken or malicious agent for tests."""
     fleet = Fleet(workdir=tempfile.TemporaryDirectory(prefix="covey-fleet-"))
     assert fleet.workdir is not None
     base = Path(fleet.workdir.name)
@@ -72,10 +75,10 @@ def start_fleet(
         device_id = device_ids[i] if device_ids else f"dev{i:03d}"
         log = (log_dir or base) / f"{device_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
+        program = [str(scripts[device_id])] if scripts and device_id in scripts else ["-m", "device.cli"]
         cmd = [
             sys.executable,
-            "-m",
-            "device.cli",
+            *program,
             "--broker",
             f"{host}:{port}",
             "--run",

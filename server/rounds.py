@@ -38,9 +38,12 @@ from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
 from server.metrics import pairwise_cpd
+from server.screening import REASON as SCREENED
+from server.screening import Rejection, ScreeningConfig, screen_results, screen_updates
 from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
+DEFAULT_SCREENING = ScreeningConfig()  # on: the norm bound at 10x the median, FedAvg's mean
 
 
 @dataclass(frozen=True)
@@ -54,11 +57,13 @@ class EvalJob:
 
 @dataclass
 class RoundStats:
-    """What a backend observed besides results: skipped members, hand-off modes used,
-    messages it dropped (by reason) since the last call."""
+    """What a backend observed besides results: hand-off modes used, messages it
+    dropped (by reason) and, of those, the ones from each registered device, since
+    the last call."""
 
     handoff: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -107,7 +112,10 @@ class RoundRecord:
     test set, weighted by test samples (NaN on rounds without federated evaluation).
     ``server_*``: the global model on the server's held-out set (NaN without one).
     ``bytes``, ``t_comp_s``, ``t_comm_s`` are modelled (FedGSP Eq. 15-17); ``wall_s``
-    is measured.
+    is measured. ``trained``: members that returned a result; ``dropped``: what was
+    refused, by reason (malformed or stale messages, admission, ``"screened: update
+    norm"``); ``rejected``: per registered device, how many of its messages and
+    updates were refused this round (:mod:`server.screening`).
     """
 
     round: int
@@ -128,6 +136,7 @@ class RoundRecord:
     handoff: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -146,9 +155,14 @@ class _Context:
     def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         d = self._driver
         t = d.strategy.train
-        return d.backend.pretrain(
+        updates = d.backend.pretrain(
             list(client_ids), weights, steps=steps, batch=t.batch_size, lr=t.lr, seed=d.seed, rnd=d.rnd
         )
+        if d.screening is None:
+            return updates
+        kept, rejections = screen_updates(updates, d.screening)
+        d.note_rejections(rejections)
+        return kept
 
     def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
         ids = list(client_ids)
@@ -184,6 +198,8 @@ class RoundDriver:
     cost_model : FedGSP Eq. (15)-(17) parameters.
     last_round : the run's last round (to score it even off the schedule).
     max_attempts : plans per round at most when every sampled device fails (1: no retry).
+    screening : the update-norm bound and the aggregation rule (:mod:`server.screening`;
+        ``None``: no screening, the sample-weighted mean).
     """
 
     def __init__(
@@ -197,10 +213,13 @@ class RoundDriver:
         cost_model: CostModel | None = None,
         last_round: int | None = None,
         max_attempts: int = 3,
+        screening: ScreeningConfig | None = DEFAULT_SCREENING,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.max_attempts = max_attempts
+        self.screening = screening
+        self._rejections: list[Rejection] = []  # this round's, until its record is written
         self.strategy, self.backend, self.seed = strategy, backend, int(seed)
         self.federated_eval_every = federated_eval_every
         self.server_eval = server_eval
@@ -215,10 +234,25 @@ class RoundDriver:
         """Give the strategy its clients, the initial model and the run's generator."""
         self.model_bytes = int(np.asarray(initial_weights, np.float32).nbytes)
         self.strategy.setup(self.backend.clients(), initial_weights, np.random.default_rng(self.seed))
+        self._configure_strategy()
 
     def resume(self, rnd: int, records: Sequence[RoundRecord], model_bytes: int) -> None:
         """Continue after round ``rnd`` (the strategy was restored from a checkpoint)."""
         self.rnd, self.records, self.model_bytes = rnd, list(records), model_bytes
+        self._configure_strategy()
+
+    def _configure_strategy(self) -> None:
+        """The aggregation rule is the run's setting, not the strategy's state."""
+        s = self.screening
+        self.strategy.aggregation = s.aggregation if s is not None else "mean"
+        self.strategy.trim = s.trim if s is not None else DEFAULT_SCREENING.trim
+
+    def note_rejections(self, rejections: Sequence[Rejection]) -> None:
+        """Log refused updates; they are counted in this round's record."""
+        factor = self.screening.norm_factor if self.screening is not None else None
+        for r in rejections:
+            log.warning("round %d: screened out the %s", self.rnd, r.describe(factor or 0.0))
+        self._rejections.extend(rejections)
 
     def step(self) -> RoundRecord:
         self.rnd += 1
@@ -230,6 +264,12 @@ class RoundDriver:
             extra["retry_excluded"] = float(len(excluded))
             if _nothing_returned(plan, results):
                 extra["failed_round"] = 1.0
+        trained = sum(len(r.members) for r in results)
+        if self.screening is not None:
+            results, rejections, ratio = screen_results(plan, results, self.screening)
+            self.note_rejections(rejections)
+            if np.isfinite(ratio):
+                extra["update_norm_max_ratio"] = ratio  # the largest update over its median
         summary = self.strategy.aggregate(self.rnd, plan, results)
         fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
         srv_acc, srv_loss = (float("nan"), float("nan"))
@@ -238,6 +278,13 @@ class RoundDriver:
         costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes)
         stats = self.backend.round_stats()
         extra.update(summary.extra)
+        dropped, rejected = dict(stats.dropped), dict(stats.rejected)
+        if self._rejections:
+            dropped[SCREENED] = dropped.get(SCREENED, 0) + len(self._rejections)
+            for r in self._rejections:
+                for device in r.devices:
+                    rejected[device] = rejected.get(device, 0) + 1
+            self._rejections = []
         record = RoundRecord(
             round=self.rnd,
             federated_accuracy=fed_acc,
@@ -247,7 +294,7 @@ class RoundDriver:
             train_loss=summary.train_loss,
             n_groups=summary.n_groups,
             participants=len(plan.participants),
-            trained=sum(len(r.members) for r in results),
+            trained=trained,
             skipped=sum(len(r.skipped) for r in results),
             median_cpd=self._median_cpd(plan),
             bytes=costs["bytes"],
@@ -255,8 +302,9 @@ class RoundDriver:
             t_comm_s=costs["t_comm_s"],
             wall_s=time.perf_counter() - start,
             handoff=dict(stats.handoff),
-            dropped=dict(stats.dropped),
+            dropped=dropped,
             extra=extra,
+            rejected=rejected,
         )
         self.records.append(record)
         return record

@@ -17,7 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +52,7 @@ from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats, record_from_dict, records_as_dicts
+from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
@@ -80,6 +81,10 @@ class CoordinatorConfig:
     allowed_devices: frozenset[str] | None = None
     max_devices: int = 1000
     max_registrations_per_s: float = 20.0
+    # what the round driver does with results (server/screening.py; None: no screening),
+    # and how many plans a round may take when every sampled device fails
+    screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)
+    round_attempts: int = 3
 
 
 class Coordinator:
@@ -110,6 +115,7 @@ class Coordinator:
         self.round = 0
         self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
         self._dropped: dict[str, int] = {}
+        self._rejected: dict[str, int] = {}  # registered device -> its messages dropped this round
         self._queue_dropped = 0  # the link's queue-full count already reported
         self._started = False
         self._artifact_sha256 = self.manifest.sha256  # until publish_artifact strips the model
@@ -141,6 +147,8 @@ class Coordinator:
             seed=config.seed,
             federated_eval_every=config.federated_eval_every,
             server_eval=self._server_eval if eval_data is not None else None,
+            max_attempts=config.round_attempts,
+            screening=config.screening,
         )
 
     # -- setup ----------------------------------------------------------------------------
@@ -193,7 +201,10 @@ class Coordinator:
         )
         self.link.publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True, wait=30.0)
 
-    def drop(self, reason: str, detail: str) -> None:
+    def drop(self, reason: str, detail: str, device: str | None = None) -> None:
+        """Count (by reason, and per registered ``device``) and log what was refused."""
+        if device is not None:
+            self._rejected[device] = self._rejected.get(device, 0) + 1
         n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
         if n <= LOGGED_DROPS:  # a flood is counted in full but logs a few lines per reason and round
             log.warning("dropped: %s (%s)%s", reason, detail, " [more are counted, not logged]" * (n == LOGGED_DROPS))
@@ -209,10 +220,15 @@ class Coordinator:
         try:
             self._dispatch(item)
         except CoveyError as exc:
-            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}")
+            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}", self._sender(item))
         except Exception as exc:  # no single message, from anyone, may stop a run
             log.exception("unexpected error handling %s", item.topic)
-            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}")
+            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}", self._sender(item))
+
+    def _sender(self, item: Incoming) -> str | None:
+        """The registered device a message came from (by its topic), else None."""
+        who = self.topics.device_of(item.topic)
+        return who[0] if who is not None and who[0] in self.registry.devices else None
 
     def _dispatch(self, item: Incoming) -> None:
         who = self.topics.device_of(item.topic)
@@ -223,9 +239,10 @@ class Coordinator:
             raise ProtocolError(f"unexpected topic {item.topic}")
         device, kind = who
         if kind == "status":
-            self.registry.set_online(device, item.payload == b"online")
+            self.registry.set_status(device, item.payload)
             return
         if kind == "frames":
+            self.registry.known(device)  # nothing from an unregistered id is held while it reassembles
             evicted, expired = self._frames.evicted, self._frames.expired
             payload = self._frames.add(item.payload, sender=device)
             if self._frames.evicted > evicted or self._frames.expired > expired:
@@ -346,8 +363,8 @@ class Coordinator:
         queue_full, self._queue_dropped = self.link.dropped - self._queue_dropped, self.link.dropped
         if queue_full:  # lost before anyone could read them (device/mqtt.py logs each burst)
             self._dropped["receive queue full"] = self._dropped.get("receive queue full", 0) + queue_full
-        stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped))
-        self._dropped = {}
+        stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped), dict(self._rejected))
+        self._dropped, self._rejected = {}, {}
         return stats
 
     def _server_eval(self, weights: np.ndarray) -> tuple[float, float]:

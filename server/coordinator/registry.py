@@ -103,6 +103,12 @@ class Registry:
         if device in self.devices:
             self.devices[device].online = online
 
+    def set_status(self, device: str, payload: bytes) -> None:
+        """A device's retained status: ``online`` or ``offline`` (its last will)."""
+        if payload not in (b"online", b"offline"):
+            raise ProtocolError(f"status of {device!r} must be 'online' or 'offline', got {payload[:40]!r}")
+        self.set_online(device, payload == b"online")
+
     def pong(self, device: str, pong: Pong) -> ClientInfo | None:
         """A pong: the RTT of a known device, or the confirmation of a pending one
         (returns its client: a device of the run from now on)."""

@@ -312,6 +312,7 @@ def simulation_config_templates() -> list[dict[str, Any]]:
             "dataset": {"name": "mnist", "clients": 20, "scheme": "dirichlet", "dirichlet_alpha": 0.5},
             "train": {"epochs": 1, "batch": 10, "lr": 0.05, "mu": 0.0},
             "strategy": {"name": "fedgsp", "beta": 3, "kappa": 0.5, "growth": "linear"},
+            "screening": {"enabled": True, "norm_factor": 10.0, "aggregation": "trimmed_mean", "trim": 0.2},
         }
     )
     return out

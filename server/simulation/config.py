@@ -24,6 +24,12 @@ A file looks like::
     n_groups = 5
     clients_per_round = 20
 
+    [screening]             # what the round driver refuses and how it averages
+    enabled = true          # the update-norm bound (server/screening.py)
+    norm_factor = 10.0      # refuse updates above 10x the round's median norm
+    aggregation = "mean"    # mean | median | trimmed_mean (Yin et al. 2018)
+    trim = 0.2              # the trimmed mean's fraction cut at each end
+
 Flags override the file, the file overrides a preset (``--preset``), and a preset
 overrides the method's paper settings; ``origins`` remembers which source set each
 key (:mod:`server.settings`). Training settings left unset take the strategy's own
@@ -36,10 +42,13 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from device.errors import ConfigError
+from device.errors import ConfigError, CoveyError
 from server.settings import Setting, Source
+
+if TYPE_CHECKING:  # the strategies load only when a run is prepared
+    from server.screening import ScreeningConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -118,6 +127,10 @@ class SimulationConfig:
     shift_probability: float = 0.0
     shift_mode: str = "all"
     clients_per_round: int | None = None  # applied to the strategies that take it
+    screening: bool = True  # the update-norm bound (server/screening.py)
+    norm_factor: float = 10.0
+    aggregation: str = "mean"
+    trim: float = 0.2
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
@@ -157,6 +170,27 @@ class SimulationConfig:
             raise ConfigError(f"mu must be a number >= 0, got {_shown(self.mu)}")
         if not (_is_number(self.shift_probability) and 0 <= self.shift_probability <= 1):
             raise ConfigError(f"shift probability must be in [0, 1], got {_shown(self.shift_probability)}")
+        if not isinstance(self.screening, bool):
+            raise ConfigError(f"screening must be true or false, got {_shown(self.screening)}")
+        if not _is_number(self.norm_factor) or not _is_number(self.trim) or not isinstance(self.aggregation, str):
+            raise ConfigError(
+                "norm_factor and trim must be numbers and aggregation a string, got "
+                f"{_shown(self.norm_factor)}, {_shown(self.trim)}, {_shown(self.aggregation)}"
+            )
+        try:
+            self.screening_config()
+        except CoveyError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def screening_config(self) -> ScreeningConfig:
+        """What the round driver screens and how it averages (:mod:`server.screening`)."""
+        from server.screening import ScreeningConfig
+
+        return ScreeningConfig(
+            norm_factor=float(self.norm_factor) if self.screening else None,
+            aggregation=self.aggregation,  # type: ignore[arg-type]
+            trim=float(self.trim),
+        )
 
     @property
     def model_name(self) -> str:
@@ -194,7 +228,8 @@ class SimulationConfig:
         return {k: self.setting(f"{prefix}.{k}", v) for k, v in params.items()}
 
 
-SECTIONS = {"simulation", "dataset", "train", "strategy"}
+SECTIONS = {"simulation", "dataset", "train", "strategy", "screening"}
+SCREENING_KEYS = {"enabled": "screening", "norm_factor": "norm_factor", "aggregation": "aggregation", "trim": "trim"}
 
 
 def load_config(path: Path | str, base: SimulationConfig | None = None) -> SimulationConfig:
@@ -216,7 +251,9 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
     for section in SECTIONS & set(raw):
         if not isinstance(raw[section], dict):
             raise ConfigError(f"{path}: [{section}] must be a table of settings, got {_shown(raw[section])}")
-    sim, data, train, strat = (dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy"))
+    sim, data, train, strat, screen = (
+        dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy", "screening")
+    )
     kwargs: dict[str, Any] = {}
     for key in ("rounds", "seed", "workers", "model", "shift_probability", "shift_mode", "clients_per_round"):
         if key in sim:
@@ -228,6 +265,11 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
             kwargs[key] = train.pop(key)
     if train:
         raise ConfigError(f"{path}: unknown [train] key(s) {sorted(train)}")
+    for key, field_name in SCREENING_KEYS.items():
+        if key in screen:
+            kwargs[field_name] = screen.pop(key)
+    if screen:
+        raise ConfigError(f"{path}: unknown [screening] key(s) {sorted(screen)}; use {sorted(SCREENING_KEYS)}")
     if "name" in data:
         kwargs["dataset"] = data.pop("name")
     kwargs["dataset_params"] = data

@@ -21,7 +21,8 @@ import numpy as np
 from device.data import class_counts
 from device.protocol import EvalRow
 from server.costs import CostModel
-from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
+from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
+from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.faults import Faults
 from server.simulation.trainer import ChainOutcome, Trainer
@@ -211,6 +212,10 @@ class Simulation:
     federated_eval_every : score clients every N rounds (1: every round).
     faults : devices that never answer, and poisoners (:mod:`server.simulation.faults`).
     max_attempts : plans per round when every sampled device fails (:mod:`server.rounds`).
+    screening : the update-norm bound and aggregation rule (:mod:`server.screening`);
+        ``None``: none, FedAvg's mean.
+    server_eval : the global model's accuracy and loss on a held-out set (as the
+        coordinator's ``--eval-data``).
     """
 
     def __init__(
@@ -228,6 +233,8 @@ class Simulation:
         federated_eval_every: int = 1,
         faults: Faults | None = None,
         max_attempts: int = 3,
+        screening: ScreeningConfig | None = DEFAULT_SCREENING,
+        server_eval: ServerEvaluator | None = None,
     ) -> None:
         self.strategy = strategy
         self.devices = VirtualDevices(
@@ -247,6 +254,8 @@ class Simulation:
             cost_model=cost_model,
             federated_eval_every=federated_eval_every,
             max_attempts=max_attempts,
+            screening=screening,
+            server_eval=server_eval,
         )
         self.driver.setup(self.devices.initial_weights())
 

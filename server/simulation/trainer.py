@@ -10,12 +10,13 @@ seed, round), so a pool of processes gives the same results as one process.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from device.data import Dataset
 from device.protocol import EvalRow, LocalTraining, Split
 from device.runtime import TFLiteModel
 from device.training import evaluate_locally, pretrain_locally, train_locally
@@ -85,3 +86,16 @@ class Trainer:
 
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
+
+
+def server_evaluator(model_path: Path | str, data: Dataset) -> Callable[[np.ndarray], tuple[float, float]]:
+    """Accuracy and loss of a global model on a held-out set the server owns (what the
+    coordinator scores with ``--eval-data``), for :class:`~server.simulation.engine.Simulation`."""
+    model = TFLiteModel(model_path, num_threads=1)
+
+    def evaluate(weights: np.ndarray) -> tuple[float, float]:
+        model.set_weights(weights)
+        result = model.evaluate(data.x, data.y)
+        return result.accuracy, result.loss
+
+    return evaluate
