@@ -130,6 +130,7 @@ class MqttLink:
         will: Will | None = None,
         clean_session: bool = False,
         max_queue: int = 10_000,
+        max_queue_bytes: int | None = None,
         keepalive: int = 30,
     ) -> None:
         self.host, self.port, self.keepalive = host, port, keepalive
@@ -141,6 +142,8 @@ class MqttLink:
         self._lock = threading.Lock()
         self.dropped = 0  # messages lost to a full receive queue (the owner reports them)
         self._burst = 0
+        self.max_queue_bytes = max_queue_bytes  # payload bytes the queue may hold (None: no limit)
+        self._queued_bytes = 0
         self._closed = False
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
@@ -180,7 +183,12 @@ class MqttLink:
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
         try:
-            self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
+            size = len(msg.payload)
+            with self._lock:
+                if self.max_queue_bytes is not None and self._queued_bytes + size > self.max_queue_bytes:
+                    raise queue.Full
+                self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
+                self._queued_bytes += size
         except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
             self.dropped += 1
             self._burst += 1
@@ -239,9 +247,12 @@ class MqttLink:
 
     def receive(self, timeout: float) -> Incoming | None:
         try:
-            return self._queue.get(timeout=max(timeout, 0.0))
+            item = self._queue.get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
+        with self._lock:
+            self._queued_bytes -= len(item.payload)
+        return item
 
     @property
     def connected(self) -> bool:

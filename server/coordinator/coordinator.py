@@ -7,7 +7,15 @@ devices: executing a plan with group managers, pre-training and evaluation reque
 class counts and link matrices. The sender of every message is the device named by
 its topic (``from/<id>/...``); a payload that claims anyone else is dropped. Every
 receive is validated; whatever is wrong is dropped with a log line and counted in the
-round's record, and no single message can stop a run.
+round's record (by reason, and per registered device), and no single message can stop
+a run.
+
+Memory stays bounded whatever arrives: the receive queue holds at most
+``max_queue_mb`` of payloads (beyond: dropped and counted); partial model uploads are
+held only for registered devices, at most two models' worth each and
+``max_pending_mb`` in all; the registry holds at most ``max_devices`` devices and 256
+registrations waiting for their confirmation ping; drop counters are kept by reason
+and per registered device.
 """
 
 from __future__ import annotations
@@ -72,7 +80,10 @@ class CoordinatorConfig:
     relay_rtt_ms: float = 250.0
     federated_eval_every: int = 0  # evaluate on the devices' own test sets every N rounds (0: never)
     # partial model payloads held at once: a parallel round has one in flight per device
+    # (each device may hold two models' worth, and only registered devices any)
     max_pending_mb: int = 4096
+    # payload bytes waiting in the receive queue (beyond: dropped and counted)
+    max_queue_mb: int = 2048
     username: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
@@ -113,7 +124,12 @@ class Coordinator:
             ),
         )
         self.round = 0
-        self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
+        model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
+        self._frames = Reassembler(
+            max_bytes=model_bytes,
+            max_pending_bytes=config.max_pending_mb * 2**20,
+            max_pending_per_sender=2 * model_bytes,
+        )
         self._dropped: dict[str, int] = {}
         self._rejected: dict[str, int] = {}  # registered device -> its messages dropped this round
         self._queue_dropped = 0  # the link's queue-full count already reported
@@ -129,6 +145,7 @@ class Coordinator:
             tls=config.tls,
             clean_session=True,
             will=Will(self.topics.server_status, self._status("stopped"), retain=True),
+            max_queue_bytes=config.max_queue_mb * 2**20,
         )
         self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)
         self.requests = TaskRequests(

@@ -50,6 +50,32 @@ def test_a_full_receive_queue_logs_each_burst_once_with_its_count(broker, caplog
     assert slow.dropped == 45
 
 
+def test_the_receive_queue_holds_at_most_its_byte_bound(broker) -> None:
+    # Prepare: a queue of at most 250 KB, and 100 KB messages
+    slow = MqttLink("byte-bound", broker.host, broker.port, clean_session=True, max_queue_bytes=250_000)
+    sender = MqttLink("big-writer", broker.host, broker.port, clean_session=True)
+    slow.connect(10)
+    sender.connect(10)
+    slow.subscribe("bytes-test/#")
+    time.sleep(0.3)
+
+    # Execute
+    for _ in range(10):
+        sender.publish("bytes-test/a", bytes(100_000), wait=5)
+    _wait(lambda: slow.dropped == 8, 10, "8 messages dropped")
+    kept = []
+    while (item := slow.receive(0.2)) is not None:
+        kept.append(item)
+    sender.publish("bytes-test/a", bytes(100_000), wait=5)  # room again once read
+    again = slow.receive(5)
+    slow.close()
+    sender.close()
+
+    # Assert
+    assert len(kept) == 2 and again is not None
+    assert slow.dropped == 8
+
+
 def test_queue_full_drops_reach_the_round_record_and_the_agent_stats(tmp_path) -> None:
     from covey.paths import ensure_model
     from device.agent import Agent, AgentConfig
