@@ -38,8 +38,9 @@ from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
 from server.metrics import pairwise_cpd
+from server.screening import EMPTY_REASON as EMPTY
 from server.screening import REASON as SCREENED
-from server.screening import Rejection, ScreeningConfig, screen_results, screen_updates
+from server.screening import Rejection, ScreeningConfig, screen_results, screen_updates, without_empty_members
 from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
@@ -265,6 +266,8 @@ class RoundDriver:
             if _nothing_returned(plan, results):
                 extra["failed_round"] = 1.0
         trained = sum(len(r.members) for r in results)
+        results, empty = without_empty_members(results)  # always: a zero weight breaks every average
+        self.note_rejections(empty)
         if self.screening is not None:
             results, rejections, ratio = screen_results(plan, results, self.screening)
             self.note_rejections(rejections)
@@ -280,8 +283,9 @@ class RoundDriver:
         extra.update(summary.extra)
         dropped, rejected = dict(stats.dropped), dict(stats.rejected)
         if self._rejections:
-            dropped[SCREENED] = dropped.get(SCREENED, 0) + len(self._rejections)
             for r in self._rejections:
+                reason = EMPTY if r.kind == "empty" else SCREENED
+                dropped[reason] = dropped.get(reason, 0) + 1
                 for device in r.devices:
                     rejected[device] = rejected.get(device, 0) + 1
             self._rejections = []

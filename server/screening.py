@@ -53,8 +53,9 @@ from server.errors import StrategyError
 from server.strategies.base import GroupResult, RoundPlan
 
 log = logging.getLogger("covey.server")
-UpdateKind = Literal["member", "chain", "pretrain"]
+UpdateKind = Literal["member", "chain", "pretrain", "empty"]
 REASON = "screened: update norm"  # the reason in RoundRecord.dropped
+EMPTY_REASON = "screened: no samples"
 
 
 @dataclass(frozen=True)
@@ -90,9 +91,6 @@ class ScreeningConfig:
         if not (isinstance(self.trim, (int, float)) and 0 <= self.trim < 0.5):
             raise StrategyError(f"trim must be a fraction in [0, 0.5), got {self.trim!r}")
 
-    def with_changes(self, **changes: object) -> ScreeningConfig:
-        return replace(self, **changes)  # type: ignore[arg-type]
-
 
 @dataclass(frozen=True)
 class Rejection:
@@ -105,7 +103,29 @@ class Rejection:
 
     def describe(self, factor: float) -> str:
         who = ", ".join(self.devices)
+        if self.kind == "empty":
+            return f"model of {who}: trained on no samples"
         return f"{self.kind} update of {who}: norm {self.norm:.4g} > {factor:g} x median {self.median:.4g}"
+
+
+def without_empty_members(results: Sequence[GroupResult]) -> tuple[list[GroupResult], list[Rejection]]:
+    """A parallel member that returned a model trained on no samples carries no weight
+    in any average (and DSC's Eq. 4 cannot weigh it): its model is left out. A device
+    registers with at least one sample, so an honest one never sends such a result;
+    one that did used to end the run (a zero weight sum)."""
+    out, rejections = [], []
+    for r in results:
+        empty = {m.client_id for m in r.members if m.weights is not None and m.n_samples <= 0}
+        if empty:
+            rejections += [Rejection((c,), "empty", 0.0, float("nan")) for c in sorted(empty)]
+            r = GroupResult(
+                r.group_id,
+                tuple(replace(m, weights=None) if m.client_id in empty else m for m in r.members),
+                r.final_weights,
+                r.skipped,
+            )
+        out.append(r)
+    return out, rejections
 
 
 def update_norm(start: np.ndarray, model: np.ndarray) -> float:

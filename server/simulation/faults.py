@@ -25,9 +25,6 @@ class Faults:
     unresponsive: frozenset[str] = frozenset()
     scale: Mapping[str, float] = field(default_factory=dict)
 
-    def __bool__(self) -> bool:
-        return bool(self.unresponsive or self.scale)
-
     def poisoned(self, client: str, start: np.ndarray, trained: np.ndarray) -> np.ndarray:
         """What ``client`` returns after training ``start`` into ``trained``."""
         factor = self.scale.get(client)

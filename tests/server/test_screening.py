@@ -143,3 +143,42 @@ def test_the_driver_sets_the_strategys_aggregation_rule() -> None:
     assert driver.strategy.aggregation == "median"
     np.testing.assert_allclose(driver.strategy.global_weights, 0.01, rtol=1e-5)  # the median ignores c0
     assert record.rejected == {}
+
+
+class EmptyHandedDevices(FakeDevices):
+    """``c0`` claims it trained on no samples but returns a model."""
+
+    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+        out = super().execute(plan, seed=seed)
+        return [
+            GroupResult(
+                r.group_id,
+                tuple(
+                    MemberResult(m.client_id, 0 if m.client_id == "c0" else m.n_samples, m.train_loss, m.weights)
+                    for m in r.members
+                ),
+                r.final_weights,
+                r.skipped,
+            )
+            for r in out
+        ]
+
+
+@pytest.mark.parametrize("name", ["dsc", "fedavg"])
+def test_a_model_trained_on_no_samples_is_left_out_instead_of_ending_the_run(name: str) -> None:
+    # Prepare: DSC's Eq. 4 refused a zero sample count with an error that ended the run
+    driver = RoundDriver(
+        make_strategy(name, train=TrainConfig(1, 10, 0.1), clients_per_round=len(IDS)),
+        EmptyHandedDevices(set()),
+        seed=0,
+        federated_eval_every=0,
+        screening=None,
+    )
+    driver.setup(np.zeros(6, np.float32))
+
+    # Execute
+    record = driver.step()
+
+    # Assert
+    assert record.rejected == {"c0": 1} and record.dropped == {"screened: no samples": 1}
+    np.testing.assert_allclose(driver.strategy.global_weights, 0.01, rtol=1e-5)
