@@ -16,11 +16,15 @@ robust rules' own cost), and over every clean run
 median: how close honest updates come to the bound) and
 ``figure screening_clean_rejections = ...`` (honest updates refused).
 
+``--mqtt`` instead runs FedAvg over a mosquitto started here with ``--devices`` agent
+processes, dev000 being ``tests/mqtt/poisoning_agent.py``: clean, screened and
+unscreened, and prints ``figure poison_mqtt_fedavg_<norm|off>_acc_delta_pts = ...``.
+
 ``--survey`` instead runs clean simulations on Synthetic(1,1) (30 clients of 45 to 800
 samples, 20 local epochs: the most uneven updates of the paper settings) and MNIST
 (Dirichlet 0.3) and prints ``figure screening_clean_max_ratio_survey = ...``.
 
-Usage: ``python bench/poisoning.py [--rounds 20] [--devices 8] [--scale 100] [--survey]``
+Usage: ``python bench/poisoning.py [--rounds 20] [--devices 8] [--scale 100] [--mqtt | --survey]``
 """
 
 from __future__ import annotations
@@ -60,6 +64,62 @@ def strategies(devices: int) -> dict[str, object]:
         "fedgsp": lambda: make_strategy("fedgsp", train=TRAIN, growth="linear", alpha=0.0, beta=4, kappa=1.0),
         "ifca": lambda: make_strategy("ifca", train=TRAIN, n_groups=2, clients_per_round=devices),
     }
+
+
+def on_mqtt(args: argparse.Namespace) -> int:
+    """Clean, screened and unscreened FedAvg over MQTT with one poisoning agent."""
+    import tempfile
+
+    from covey.paths import ensure_model, femnist_dir
+    from device.data import Dataset, read_leaf
+    from server.broker import start_mosquitto
+    from server.poisoning import on_boards
+
+    root = femnist_dir()
+    test = read_leaf(root / "test")
+    held_out = Dataset(np.concatenate([d.x for d in test.values()]), np.concatenate([d.y for d in test.values()]))
+    script = REPO / "tests" / "mqtt" / "poisoning_agent.py"
+    n = args.devices
+
+    def make():  # type: ignore[no-untyped-def]
+        return make_strategy("fedavg", train=TRAIN, clients_per_round=n)
+
+    finals = {}
+    with start_mosquitto() as broker, tempfile.TemporaryDirectory() as work:
+        for condition, poisoner, screening in (
+            ("clean", None, ScreeningConfig()),
+            ("norm", script, ScreeningConfig()),
+            ("off", script, None),
+        ):
+            start = time.perf_counter()
+            out = on_boards(
+                make,
+                root=root,
+                model_path=ensure_model(args.model),
+                eval_data=held_out,
+                rounds=args.rounds,
+                n_devices=n,
+                seed=args.seed,
+                screening=screening,
+                poisoner_script=poisoner,
+                scale=args.scale,
+                host=broker.host,
+                port=broker.port,
+                work=Path(work) / condition,
+                run=f"bench-poison-{condition}",
+            )
+            finals[condition] = out.final_accuracy
+            refused = sum(out.rejected.values())
+            print(
+                f"fedavg over MQTT, {condition:<6} final server accuracy {100 * out.final_accuracy:5.1f} %, "
+                f"{refused} updates refused, {time.perf_counter() - start:.0f} s",
+                flush=True,
+            )
+    for condition in ("norm", "off"):
+        print(
+            f"figure poison_mqtt_fedavg_{condition}_acc_delta_pts = {100 * (finals[condition] - finals['clean']):.2f}"
+        )
+    return 0
 
 
 def survey(rounds: int) -> int:
@@ -110,9 +170,12 @@ def main() -> int:
     p.add_argument("--model", default="mlp_femnist")
     p.add_argument("--strategies", default="fedavg,fedprox,fedgsp,ifca")
     p.add_argument("--survey", action="store_true", help="the clean norm-ratio survey instead")
+    p.add_argument("--mqtt", action="store_true", help="FedAvg over mosquitto with agent processes instead")
     args = p.parse_args()
     if args.survey:
         return survey(args.rounds)
+    if args.mqtt:
+        return on_mqtt(args)
 
     root = femnist_dir()
     model = ensure_model(args.model)
