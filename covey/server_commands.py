@@ -6,9 +6,14 @@ import argparse
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from covey.simulation_commands import add_screening_flags
 from device.errors import CoveyError
 from device.mqtt import TlsFiles, check_tls_files, read_password_file
+
+if TYPE_CHECKING:
+    from server.screening import ScreeningConfig
 
 log = logging.getLogger("covey.server")
 
@@ -24,6 +29,30 @@ class Connection:
     tls: TlsFiles | None
     run: str
     advertise_host: str | None
+    allowed_devices: frozenset[str] | None  # the site's provisioned ids, or --allow-devices
+
+
+def read_device_list(path: str) -> frozenset[str]:
+    """Device ids, one per line (blank lines and ``#`` comments ignored)."""
+    from device.protocol.topics import check_id
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CoveyError(f"--allow-devices {path}: cannot read it ({exc.strerror or exc})") from exc
+    ids = []
+    for n, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        try:
+            check_id(entry)
+        except CoveyError as exc:
+            raise CoveyError(f"--allow-devices {path} line {n}: {exc}") from exc
+        ids.append(entry)
+    if not ids:
+        raise CoveyError(f"--allow-devices {path} names no device: give one device id per line")
+    return frozenset(ids)
 
 
 def _connection(args: argparse.Namespace) -> Connection:
@@ -48,7 +77,8 @@ def _connection(args: argparse.Namespace) -> Connection:
                 f"{flag} is for a broker given with --broker or --site; the mosquitto this command starts "
                 "takes anonymous clients (for a site with passwords and TLS see `covey site init`)"
             )
-        return Connection(None, args.port or 0, None, None, None, args.run or "site", None)
+        allowed: frozenset[str] | None = read_device_list(args.allow_devices) if args.allow_devices else None
+        return Connection(None, args.port or 0, None, None, None, args.run or "site", None, allowed)
     if args.listen is not None:
         raise CoveyError("--listen is for the mosquitto this command starts; with --broker or --site it already runs")
     host, port = parse_broker(args.broker) if args.broker else parse_broker(site.spec.broker)  # type: ignore[union-attr]
@@ -73,7 +103,12 @@ def _connection(args: argparse.Namespace) -> Connection:
     if any(files.values()):
         tls = TlsFiles(files["ca_certs"], files["certfile"], files["keyfile"])
         check_tls_files(tls, names)
-    return Connection(host, port, username, password, tls, args.run or (site.spec.run if site else "site"), host)
+    if args.allow_devices:
+        allowed = read_device_list(args.allow_devices)
+    else:  # a site admits the devices it provisioned; restart with --resume after `covey site add-device`
+        allowed = frozenset(site.spec.devices) if site is not None else None
+    run = args.run or (site.spec.run if site else "site")
+    return Connection(host, port, username, password, tls, run, host, allowed)
 
 
 def _cmd_server_run(args: argparse.Namespace) -> int:
@@ -115,6 +150,10 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         password=conn.password,
         tls=conn.tls,
         advertise_host=conn.advertise_host or advertised_host(listen),
+        allowed_devices=conn.allowed_devices,
+        max_devices=args.max_devices,
+        screening=_screening(args),
+        round_attempts=args.round_attempts,
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
@@ -143,6 +182,20 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         f"{Path(args.state_dir) / 'results.csv'} and {Path(args.state_dir) / 'results.png'}"
     )
     return 0
+
+
+def _screening(args: argparse.Namespace) -> ScreeningConfig:
+    """The screening flags as the round driver's setting (checked: one line on a mistake)."""
+    from server.screening import ScreeningConfig
+
+    given = {"aggregation": args.aggregation, "trim": args.trim}
+    try:
+        return ScreeningConfig(
+            norm_factor=None if args.screening == "off" else (args.norm_factor or 10.0),
+            **{k: v for k, v in given.items() if v is not None},
+        )
+    except CoveyError as exc:
+        raise CoveyError(f"{exc} (--norm-factor, --aggregation, --trim)") from exc
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
@@ -229,6 +282,21 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--state-dir", default="runs/server", help="checkpoints, metrics and the plot")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--advertise", action="store_true", help="announce the run with zeroconf")
+    p.add_argument(
+        "--allow-devices",
+        metavar="FILE",
+        help="the device ids that may register, one per line; any other is refused and counted "
+        "(default with --site: the site's provisioned devices; otherwise anyone)",
+    )
+    p.add_argument("--max-devices", type=int, default=1000, help="devices admitted at most (default 1000)")
+    p.add_argument(
+        "--round-attempts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="plans per round at most when every sampled device fails (default 3)",
+    )
+    add_screening_flags(p)
     p.set_defaults(func=_cmd_server_run)
 
     p = sub.add_parser(

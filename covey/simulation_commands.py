@@ -55,6 +55,10 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         strategy_params=parse_assignments(args.set) or None,
         dataset_params=dataset_params or None,
         clients_per_round=args.clients_per_round,
+        screening={"on": True, "off": False}.get(args.screening or ""),
+        norm_factor=args.norm_factor,
+        aggregation=args.aggregation,
+        trim=args.trim,
     )
 
 
@@ -217,7 +221,26 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="strategy parameter, e.g. n_groups=5 kappa=0.3 mu=0.01"
     )
+    add_screening_flags(p)
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
+
+
+def add_screening_flags(p: argparse.ArgumentParser) -> None:
+    """What the round driver refuses and how it averages: the same flags for
+    ``simulate``, ``compare`` and ``server run`` (:mod:`server.screening`)."""
+    p.add_argument(
+        "--screening",
+        choices=("on", "off"),
+        help="refuse updates whose norm exceeds --norm-factor times the round's median (default: on)",
+    )
+    p.add_argument("--norm-factor", type=float, help="the update-norm bound, times the round's median (default 10)")
+    p.add_argument(
+        "--aggregation",
+        choices=("mean", "median", "trimmed_mean"),
+        help="how FedAvg-style strategies average: the sample-weighted mean (default), or the coordinate-wise "
+        "median or trimmed mean of Yin et al. 2018",
+    )
+    p.add_argument("--trim", type=float, help="the trimmed mean's fraction cut at each end, in [0, 0.5) (default 0.2)")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -80,6 +80,11 @@ class AgentStats:
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
+    def queue_full(self, total: int) -> None:
+        """The link's count of messages lost to a full receive queue (``device/mqtt.py``)."""
+        if total > self.dropped.get("receive queue full", 0):
+            self.dropped["receive queue full"] = total
+
 
 class Agent:
     """A device: local data, a LiteRT model fetched over MQTT, and the request loop."""
@@ -161,6 +166,7 @@ class Agent:
                 connections = self.link.connections
                 self._redeliver_held("reconnected")
             item = self.link.receive(timeout=1.0)
+            self.stats.queue_full(self.link.dropped)
             if item is None:
                 if idle_timeout is not None and time.monotonic() - last > idle_timeout:
                     log.info("%s: idle for %.0f s, leaving", self.me, idle_timeout)

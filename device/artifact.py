@@ -32,7 +32,7 @@ class ArtifactDownload:
     def add_manifest(self, payload: bytes) -> None:
         try:
             raw = json.loads(payload.decode())
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        except (ValueError, RecursionError):  # not UTF-8, not JSON, a > 4300-digit integer, too deep
             raise ProtocolError("the artifact manifest is not UTF-8 JSON") from None
         manifest = parse_manifest(raw, "artifact manifest")  # ModelError names the bad field
         self.manifest_raw, self.manifest = raw, manifest

@@ -151,8 +151,8 @@ def _settings(args: argparse.Namespace) -> Settings:
             raise ConfigError(f"config file {args.config} not found") from None
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(f"cannot read config file {args.config} ({exc}); give a readable TOML file") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{args.config} is not valid TOML: {exc}") from None
+        except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:  # also >4300-digit ints, deep nesting
+            raise ConfigError(f"{args.config} is not valid TOML: {str(exc)[:200] or type(exc).__name__}") from None
         unknown = set(raw) - CONFIG_KEYS
         if unknown:
             raise ConfigError(f"{args.config}: unknown key(s) {sorted(unknown)}; known: {sorted(CONFIG_KEYS)}")

@@ -120,6 +120,8 @@ def parse_manifest(raw: Any, where: str = "manifest") -> Manifest:
     if expected != n_params:
         raise ModelError(f"{where}: tensors hold {expected} parameters but n_params is {n_params}")
     signatures = tuple(_field(raw, "signatures", list, where))
+    if not all(isinstance(sig, str) for sig in signatures):
+        raise ModelError(f"{where}: manifest field 'signatures' must be a list of names (strings)")
     missing = [s for s in REQUIRED_SIGNATURES if s not in signatures]
     if missing:
         raise ModelError(f"{where}: model lacks signatures {missing}")

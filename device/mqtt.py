@@ -148,6 +148,7 @@ class MqttLink:
         will: Will | None = None,
         clean_session: bool = False,
         max_queue: int = 10_000,
+        max_queue_bytes: int | None = None,
         keepalive: int = 30,
     ) -> None:
         self.host, self.port, self.keepalive = host, port, keepalive
@@ -160,7 +161,10 @@ class MqttLink:
         self.disconnects = 0  # connections lost (not closed by us): a client kicked by another counts here
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
-        self.dropped = 0
+        self.dropped = 0  # messages lost to a full receive queue (the owner reports them)
+        self._burst = 0
+        self.max_queue_bytes = max_queue_bytes  # payload bytes the queue may hold (None: no limit)
+        self._queued_bytes = 0
         self._closed = False
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
@@ -209,9 +213,21 @@ class MqttLink:
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
         try:
-            self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
-        except queue.Full:
+            size = len(msg.payload)
+            with self._lock:
+                if self.max_queue_bytes is not None and self._queued_bytes + size > self.max_queue_bytes:
+                    raise queue.Full
+                self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
+                self._queued_bytes += size
+        except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
             self.dropped += 1
+            self._burst += 1
+            if self._burst == 1:
+                log.warning("%s: receive queue full (%d); dropping messages", self.client_id, self._queue.maxsize)
+            return
+        if self._burst:
+            log.warning("%s: receive queue has room again; %d message(s) dropped", self.client_id, self._burst)
+            self._burst = 0
 
     # -- API ----------------------------------------------------------------------------
     def connect(self, timeout: float = 10.0) -> None:
@@ -289,9 +305,12 @@ class MqttLink:
 
     def receive(self, timeout: float) -> Incoming | None:
         try:
-            return self._queue.get(timeout=max(timeout, 0.0))
+            item = self._queue.get(timeout=max(timeout, 0.0))
         except queue.Empty:
             return None
+        with self._lock:
+            self._queued_bytes -= len(item.payload)
+        return item
 
     @property
     def connected(self) -> bool:

@@ -76,6 +76,7 @@ def start_fleet(
     extra_env: dict[str, str] | None = None,
     device_ids: list[str] | None = None,
     configs: list[Path] | None = None,
+    scripts: dict[str, Path] | None = None,
 ) -> Fleet:
     """One agent process per writer, its data read from the LEAF folder. Devices are
     named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise.
@@ -83,7 +84,9 @@ def start_fleet(
     With ``configs`` (one per writer: a site bundle's ``device.toml``), each agent runs
     ``--config`` with it, which gives the broker, run, id and credentials (``host``,
     ``port`` and ``run`` are not passed); ``device_ids`` then only name the state
-    folders and logs (give the ids the configs hold)."""
+    folders and logs (give the ids the configs hold). A device named in ``scripts``
+    runs that script (with covey-device's flags) instead of the agent: a deliberately
+    broken or malicious agent for tests."""
     fleet = Fleet(workdir=tempfile.TemporaryDirectory(prefix="covey-fleet-"))
     assert fleet.workdir is not None
     base = Path(fleet.workdir.name)
@@ -93,10 +96,10 @@ def start_fleet(
         log = (log_dir or base) / f"{device_id}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         where = ["--config", str(configs[i])] if configs else ["--broker", f"{host}:{port}", "--run", run]
+        program = [str(scripts[device_id])] if scripts and device_id in scripts else ["-m", "device.cli"]
         cmd = [
             sys.executable,
-            "-m",
-            "device.cli",
+            *program,
             *where,
             *([] if configs else ["--id", device_id]),
             "--data",

@@ -9,6 +9,14 @@ into what a device receives, evaluation and the record of a round — is written
 once, so that the same seed and plan give the same models in both (a test holds them
 together, ``tests/mqtt/test_equivalence.py``).
 
+A round whose sampled devices all fail (every group came back without a single
+member's result) is retried: the devices that failed are marked unavailable to the
+strategy (:attr:`Strategy.unavailable`, which its sampling honours) and it plans the
+round again, up to ``max_attempts`` plans in all. The record's ``extra`` then holds
+``retries`` (plans beyond the first) and ``retry_excluded`` (devices set aside); a
+round that still got nothing keeps every model as it was (``failed_round`` = 1). The
+retry never runs when something came back, so it cannot change a run without failures.
+
 Accuracies are named for what they measure (:class:`RoundRecord`):
 ``federated_accuracy`` scores every client with the model it would use now
 (:meth:`Strategy.model_for`) on its own test set, weighted by test samples (what the
@@ -18,6 +26,7 @@ server owns, when there is one.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,10 +34,17 @@ from typing import Protocol
 
 import numpy as np
 
+from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
 from server.metrics import pairwise_cpd
+from server.screening import EMPTY_REASON as EMPTY
+from server.screening import REASON as SCREENED
+from server.screening import Rejection, ScreeningConfig, screen_results, screen_updates, without_empty_members
 from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
+
+log = logging.getLogger("covey.server")
+DEFAULT_SCREENING = ScreeningConfig()  # on: the norm bound at 10x the median, FedAvg's mean
 
 
 @dataclass(frozen=True)
@@ -42,11 +58,13 @@ class EvalJob:
 
 @dataclass
 class RoundStats:
-    """What a backend observed besides results: skipped members, hand-off modes used,
-    messages it dropped (by reason) since the last call."""
+    """What a backend observed besides results: hand-off modes used, messages it
+    dropped (by reason) and, of those, the ones from each registered device, since
+    the last call."""
 
     handoff: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -95,7 +113,10 @@ class RoundRecord:
     test set, weighted by test samples (NaN on rounds without federated evaluation).
     ``server_*``: the global model on the server's held-out set (NaN without one).
     ``bytes``, ``t_comp_s``, ``t_comm_s`` are modelled (FedGSP Eq. 15-17); ``wall_s``
-    is measured.
+    is measured. ``trained``: members that returned a result; ``dropped``: what was
+    refused, by reason (malformed or stale messages, admission, ``"screened: update
+    norm"``); ``rejected``: per registered device, how many of its messages and
+    updates were refused this round (:mod:`server.screening`).
     """
 
     round: int
@@ -117,6 +138,7 @@ class RoundRecord:
     dropped: dict[str, int] = field(default_factory=dict)
     extra: dict[str, float] = field(default_factory=dict)
     trained_ids: list[str] = field(default_factory=list)  # whose results this round's models hold
+    rejected: dict[str, int] = field(default_factory=dict)
 
 
 ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -135,9 +157,14 @@ class _Context:
     def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         d = self._driver
         t = d.strategy.train
-        return d.backend.pretrain(
+        updates = d.backend.pretrain(
             list(client_ids), weights, steps=steps, batch=t.batch_size, lr=t.lr, seed=d.seed, rnd=d.rnd
         )
+        if d.screening is None:
+            return updates
+        kept, rejections = screen_updates(updates, d.screening)
+        d.note_rejections(rejections)
+        return kept
 
     def losses(self, client_ids: Sequence[str], models: Sequence[np.ndarray]) -> np.ndarray:
         ids = list(client_ids)
@@ -172,6 +199,9 @@ class RoundDriver:
     server_eval : the global model's accuracy and loss on the server's held-out set.
     cost_model : FedGSP Eq. (15)-(17) parameters.
     last_round : the run's last round (to score it even off the schedule).
+    max_attempts : plans per round at most when every sampled device fails (1: no retry).
+    screening : the update-norm bound and the aggregation rule (:mod:`server.screening`;
+        ``None``: no screening, the sample-weighted mean).
     """
 
     def __init__(
@@ -184,7 +214,14 @@ class RoundDriver:
         server_eval: ServerEvaluator | None = None,
         cost_model: CostModel | None = None,
         last_round: int | None = None,
+        max_attempts: int = 3,
+        screening: ScreeningConfig | None = DEFAULT_SCREENING,
     ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self.max_attempts = max_attempts
+        self.screening = screening
+        self._rejections: list[Rejection] = []  # this round's, until its record is written
         self.strategy, self.backend, self.seed = strategy, backend, int(seed)
         self.federated_eval_every = federated_eval_every
         self.server_eval = server_eval
@@ -200,10 +237,25 @@ class RoundDriver:
         """Give the strategy its clients, the initial model and the run's generator."""
         self.model_bytes = int(np.asarray(initial_weights, np.float32).nbytes)
         self.strategy.setup(self.backend.clients(), initial_weights, np.random.default_rng(self.seed))
+        self._configure_strategy()
 
     def resume(self, rnd: int, records: Sequence[RoundRecord], model_bytes: int) -> None:
         """Continue after round ``rnd`` (the strategy was restored from a checkpoint)."""
         self.rnd, self.records, self.model_bytes = rnd, list(records), model_bytes
+        self._configure_strategy()
+
+    def _configure_strategy(self) -> None:
+        """The aggregation rule is the run's setting, not the strategy's state."""
+        s = self.screening
+        self.strategy.aggregation = s.aggregation if s is not None else "mean"
+        self.strategy.trim = s.trim if s is not None else DEFAULT_SCREENING.trim
+
+    def note_rejections(self, rejections: Sequence[Rejection]) -> None:
+        """Log refused updates; they are counted in this round's record."""
+        factor = self.screening.norm_factor if self.screening is not None else None
+        for r in rejections:
+            log.warning("round %d: screened out the %s", self.rnd, r.describe(factor or 0.0))
+        self._rejections.extend(rejections)
 
     def step(self, planned: RoundPlan | None = None) -> RoundRecord:
         """One round. ``planned``: the plan of this round journaled before a crash (the
@@ -212,13 +264,20 @@ class RoundDriver:
         self.rnd += 1
         start = time.perf_counter()
         extra = dict(self.backend.before_round(self.rnd))
-        if planned is not None:
-            plan = planned
-        else:
-            plan = self.strategy.plan_round(self.rnd, self.context)
-            if self.on_planned is not None:
-                self.on_planned(plan)
-        results = self.backend.execute(plan, seed=self.seed)
+        plan, results, excluded, attempts = self._plan_and_execute(planned)
+        if excluded:
+            extra["retries"] = float(attempts - 1)
+            extra["retry_excluded"] = float(len(excluded))
+            if _nothing_returned(plan, results):
+                extra["failed_round"] = 1.0
+        trained = sum(len(r.members) for r in results)
+        results, empty = without_empty_members(results)  # always: a zero weight breaks every average
+        self.note_rejections(empty)
+        if self.screening is not None:
+            results, rejections, ratio = screen_results(plan, results, self.screening)
+            self.note_rejections(rejections)
+            if np.isfinite(ratio):
+                extra["update_norm_max_ratio"] = ratio  # the largest update over its median
         summary = self.strategy.aggregate(self.rnd, plan, results)
         fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
         srv_acc, srv_loss = (float("nan"), float("nan"))
@@ -227,6 +286,14 @@ class RoundDriver:
         costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes)
         stats = self.backend.round_stats()
         extra.update(summary.extra)
+        dropped, rejected = dict(stats.dropped), dict(stats.rejected)
+        if self._rejections:
+            for r in self._rejections:
+                reason = EMPTY if r.kind == "empty" else SCREENED
+                dropped[reason] = dropped.get(reason, 0) + 1
+                for device in r.devices:
+                    rejected[device] = rejected.get(device, 0) + 1
+            self._rejections = []
         record = RoundRecord(
             round=self.rnd,
             federated_accuracy=fed_acc,
@@ -236,7 +303,7 @@ class RoundDriver:
             train_loss=summary.train_loss,
             n_groups=summary.n_groups,
             participants=len(plan.participants),
-            trained=sum(len(r.members) for r in results),
+            trained=trained,
             skipped=sum(len(r.skipped) for r in results),
             median_cpd=self._median_cpd(plan),
             bytes=costs["bytes"],
@@ -244,12 +311,54 @@ class RoundDriver:
             t_comm_s=costs["t_comm_s"],
             wall_s=time.perf_counter() - start,
             handoff=dict(stats.handoff),
-            dropped=dict(stats.dropped),
+            dropped=dropped,
             extra=extra,
             trained_ids=sorted(m.client_id for r in results for m in r.members),
+            rejected=rejected,
         )
         self.records.append(record)
         return record
+
+    def _plan_and_execute(self, planned: RoundPlan | None) -> tuple[RoundPlan, list[GroupResult], set[str], int]:
+        """Plan and run the round; plan again without the failed devices while nothing
+        came back, up to ``max_attempts`` plans. Returns the last plan, its results, the
+        devices set aside and the number of plans executed. ``planned``: a journaled plan
+        to execute first instead of planning; every new plan goes to ``on_planned``."""
+        plan = planned if planned is not None else self._plan()
+        results = self.backend.execute(plan, seed=self.seed)
+        excluded: set[str] = set()
+        attempt = executed = 1
+        while _nothing_returned(plan, results) and attempt < self.max_attempts:
+            excluded.update(plan.participants)
+            attempt += 1
+            log.warning(
+                "round %d: none of the %d sampled devices returned a model; planning again without them (%d of %d)",
+                self.rnd,
+                len(plan.participants),
+                attempt,
+                self.max_attempts,
+            )
+            self.strategy.unavailable = frozenset(excluded)
+            try:
+                retry = self.strategy.plan_round(self.rnd, self.context)
+            except (CoveyError, ValueError) as exc:  # nobody else to ask, or too few to group
+                log.warning("round %d: no other devices to try (%s)", self.rnd, exc)
+                break
+            finally:
+                self.strategy.unavailable = frozenset()
+            if self.on_planned is not None:  # journaled as it will run
+                self.on_planned(retry)
+            plan, results = retry, self.backend.execute(retry, seed=self.seed)
+            executed += 1
+        if excluded and _nothing_returned(plan, results):
+            log.warning("round %d: no device returned a model; every model stays as it was", self.rnd)
+        return plan, results, excluded, executed
+
+    def _plan(self) -> RoundPlan:
+        plan = self.strategy.plan_round(self.rnd, self.context)
+        if self.on_planned is not None:
+            self.on_planned(plan)
+        return plan
 
     def run(self, rounds: int, progress: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
         """Step until round ``rounds`` (counting rounds already done)."""
@@ -290,6 +399,11 @@ class RoundDriver:
         counts = np.array([c.class_counts for c in infos], np.float64)
         groups = [np.array([index[c] for c in g.members if c in index]) for g in plan.groups]
         return float(np.median(pairwise_cpd(counts, groups)))
+
+
+def _nothing_returned(plan: RoundPlan, results: Sequence[GroupResult]) -> bool:
+    """Every group of a non-empty plan came back without a single member's result."""
+    return bool(plan.groups) and not any(r.members for r in results)
 
 
 def records_as_dicts(records: Sequence[RoundRecord]) -> list[dict[str, object]]:

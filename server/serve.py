@@ -23,6 +23,7 @@ from device.errors import ConfigError
 from device.mqtt import TlsFiles
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.records import write_run
+from server.screening import ScreeningConfig
 from server.settings import Setting, Source, resolve_strategy_params, resolve_training
 from server.strategies import make_strategy
 from server.strategies.base import Strategy, TrainConfig
@@ -57,6 +58,10 @@ class ServeOptions:
     username: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
+    allowed_devices: frozenset[str] | None = None  # None: any device may register
+    max_devices: int = 1000
+    screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)  # None: no screening, plain mean
+    round_attempts: int = 3
     origins: dict[str, Source] = field(default_factory=dict)  # who set what (flag, preset...)
 
 
@@ -78,6 +83,8 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         ("--min-devices", opts.min_devices, 1),
         ("--seed", opts.seed, 0),
         ("--federated-eval-every", opts.federated_eval_every, 0),
+        ("--max-devices", opts.max_devices, 1),
+        ("--round-attempts", opts.round_attempts, 1),
     ):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -99,6 +106,13 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
             f"{opts.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
             f"{opts.min_devices}: raise --min-devices or lower the strategy's setting (covey strategies lists them)"
         )
+    if opts.max_devices < opts.min_devices:
+        raise ConfigError(f"--max-devices {opts.max_devices} admits fewer than --min-devices {opts.min_devices}")
+    if opts.allowed_devices is not None and len(opts.allowed_devices) < opts.min_devices:
+        raise ConfigError(
+            f"only {len(opts.allowed_devices)} devices may register (the site's, or --allow-devices) but "
+            f"--min-devices is {opts.min_devices}: add devices (`covey site add-device`) or lower --min-devices"
+        )
     if opts.eval_dir is not None and not opts.eval_dir.exists():
         raise ConfigError(f"--eval-data {opts.eval_dir} does not exist")
     settings = {
@@ -108,10 +122,28 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         "handoff": Setting(opts.handoff, Source.FLAG, "--handoff"),
         "deadline_s": Setting(opts.deadline_s, Source.FLAG, "--deadline"),
         "model": Setting(opts.model_path.stem, Source.FLAG, str(opts.model_path)),
+        "allowed_devices": Setting(
+            sorted(opts.allowed_devices) if opts.allowed_devices is not None else "any",
+            Source.FLAG if opts.allowed_devices is not None else Source.DEFAULT,
+            "--allow-devices or the site's devices",
+        ),
+        "max_devices": Setting(opts.max_devices, Source.FLAG, "--max-devices"),
+        "round_attempts": Setting(opts.round_attempts, Source.FLAG, "--round-attempts"),
+        **_screening_settings(opts.screening),
         **train_settings,
         **param_settings,
     }
     return PreparedServe(opts, train, params, settings)
+
+
+def _screening_settings(screening: ScreeningConfig | None) -> dict[str, Setting]:
+    s = screening or ScreeningConfig(norm_factor=None)
+    return {
+        "screening": Setting(s.norm_factor is not None, Source.FLAG, "--screening"),
+        "norm_factor": Setting(s.norm_factor, Source.FLAG, "--norm-factor"),
+        "aggregation": Setting(s.aggregation, Source.FLAG, "--aggregation"),
+        "trim": Setting(s.trim, Source.FLAG, "--trim"),
+    }
 
 
 def leaf_eval_set(root: Path) -> Dataset:
@@ -140,6 +172,10 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             username=o.username,
             password=o.password,
             tls=o.tls,
+            allowed_devices=o.allowed_devices,
+            max_devices=o.max_devices,
+            screening=o.screening,
+            round_attempts=o.round_attempts,
         ),
         prepared.build_strategy(),
         o.model_path,

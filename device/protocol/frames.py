@@ -87,7 +87,7 @@ class FrameHeader:
     def __post_init__(self) -> None:
         if self.n_chunks > 100_000 or self.chunk >= self.n_chunks:
             raise ValueError(f"chunk {self.chunk} of {self.n_chunks} is out of range")
-        if self.n_chunks != max(1, math.ceil(self.nbytes / self.chunk_size)):
+        if self.n_chunks != max(1, -(-self.nbytes // self.chunk_size)):  # integer ceil: no float overflow
             raise ValueError(f"{self.n_chunks} chunks of {self.chunk_size} bytes cannot carry {self.nbytes} bytes")
         if math.prod(self.shape) * np.dtype(DTYPES[self.dtype]).itemsize != self.nbytes:
             raise ValueError(f"shape {list(self.shape)} of {self.dtype} does not hold {self.nbytes} bytes")
@@ -203,8 +203,8 @@ def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameH
         raise ProtocolError(f"frame header length {head_len} does not fit the {len(frame)}-byte frame (truncated)")
     try:
         raw: Any = json.loads(frame[8 : 8 + head_len].decode())
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ProtocolError("frame header is not UTF-8 JSON") from None
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, too deep
+        raise ProtocolError("frame header is not UTF-8 JSON (or nests too deeply)") from None
     header = from_body(FrameHeader, raw, "frame header")
     chunk = memoryview(frame)[8 + head_len :]  # the payload chunk, not copied
     if len(chunk) != header.chunk_length(header.chunk):
@@ -222,8 +222,10 @@ class Reassembler:
     chunk must carry exactly the bytes its header announces, so what the partial
     messages hold never exceeds what they announce; together they may announce at
     most ``max_pending_bytes``, and a new message that does not fit evicts the oldest
-    partial ones (logged and counted in ``evicted``). Partial messages untouched for
-    ``max_age_s`` seconds expire (counted in ``expired``). A device expects a model or
+    partial ones (logged and counted in ``evicted``). With ``max_pending_per_sender``,
+    one sender's partial messages may announce at most that much: its own oldest are
+    evicted first, so one sender cannot crowd out the others. Partial messages
+    untouched for ``max_age_s`` seconds expire (counted in ``expired``). A device expects a model or
     two at a time; the coordinator receives one model per device of a parallel round at
     once (50 devices x 26 MB interleaved), so it passes a bound that fits them all.
     """
@@ -233,8 +235,10 @@ class Reassembler:
         max_bytes: int = 256 * 1024 * 1024,
         max_pending_bytes: int = 1024 * 1024 * 1024,
         max_age_s: float = 600.0,
+        max_pending_per_sender: int | None = None,
     ) -> None:
         self.max_bytes, self.max_pending_bytes, self.max_age_s = max_bytes, max_pending_bytes, max_age_s
+        self.max_pending_per_sender = max_pending_per_sender
         self._parts: dict[str, tuple[FrameHeader, dict[int, memoryview], float]] = {}
         self.evicted = 0
         self.expired = 0
@@ -254,22 +258,33 @@ class Reassembler:
             self.expired += 1
             log.warning("dropped the partial %s payload %s: no chunk for %.0f s", head.kind, key, self.max_age_s)
 
-    def _make_room(self, nbytes: int) -> None:
+    def _make_room(self, nbytes: int, sender: str) -> None:
+        if self.max_pending_per_sender is not None:
+            mine = [k for k, (h, _, _) in self._parts.items() if h.sender == sender]
+            own = sum(self._parts[k][0].nbytes for k in mine)
+            while mine and own + nbytes > self.max_pending_per_sender:
+                oldest = min(mine, key=lambda k: self._parts[k][2])
+                mine.remove(oldest)
+                own -= self._evict(oldest, f"more than {self.max_pending_per_sender} bytes pending from {sender}")
         pending = self.pending_bytes
         while self._parts and pending + nbytes > self.max_pending_bytes:
             oldest = min(self._parts, key=lambda k: self._parts[k][2])
-            head, parts, _ = self._parts.pop(oldest)
-            pending -= head.nbytes
-            self.evicted += 1
-            log.warning(
-                "evicted the partial %s frame %s from %s (%d of %d chunks): more than %d MB of partial payloads",
-                head.kind,
-                oldest,
-                head.sender,
-                len(parts),
-                head.n_chunks,
-                self.max_pending_bytes // 2**20,
-            )
+            pending -= self._evict(oldest, f"more than {self.max_pending_bytes // 2**20} MB of partial payloads")
+
+    def _evict(self, key: str, why: str) -> int:
+        """Drop the partial message ``key`` (logged, counted); returns what it announced."""
+        head, parts, _ = self._parts.pop(key)
+        self.evicted += 1
+        log.warning(
+            "evicted the partial %s frame %s from %s (%d of %d chunks): %s",
+            head.kind,
+            key,
+            head.sender,
+            len(parts),
+            head.n_chunks,
+            why,
+        )
+        return head.nbytes
 
     def add(self, frame: bytes, sender: str | None = None) -> Payload | None:
         """Take one frame; the whole checked payload once its last chunk arrived.
@@ -285,7 +300,7 @@ class Reassembler:
         self._expire(now)
         key = f"{header.sender}/{header.msg_id}"
         if header.n_chunks > 1 and key not in self._parts:
-            self._make_room(header.nbytes)
+            self._make_room(header.nbytes, header.sender)
         first, parts, _ = self._parts.get(key, (header, {}, now))
         if (first.sha256, first.n_chunks, first.nbytes, first.chunk_size) != (
             header.sha256,

@@ -24,6 +24,9 @@ from device.protocol.typed import Above, AtLeast, Identifier, MaxLen, from_body,
 
 PROTOCOL_VERSION = 2
 MAX_MESSAGE_BYTES = 1_000_000
+# the most samples a device may claim: beyond, sample-weighted sums overflow floats
+# (one registration claiming 10**300 samples ended the run it joined)
+MAX_SAMPLES = 2**31 - 1
 
 TaskId = Annotated[str, Identifier("task id")]
 DeviceId = Annotated[str, Identifier("device id")]
@@ -40,6 +43,12 @@ class ProtocolVersionError(ProtocolError):
     def __init__(self, version: object) -> None:
         super().__init__(f"protocol version {version!r} is not {PROTOCOL_VERSION}")
         self.version = version
+
+
+def _plausible(**counts: int) -> None:
+    for name, value in counts.items():
+        if value > MAX_SAMPLES:
+            raise ValueError(f"{name} exceeds {MAX_SAMPLES}: no device holds that many samples")
 
 
 # -- device -> server ----------------------------------------------------------------------
@@ -60,6 +69,7 @@ class Register:
     def __post_init__(self) -> None:
         if sum(self.class_counts) != self.n_samples:
             raise ValueError(f"class_counts sum to {sum(self.class_counts)}, but n_samples is {self.n_samples}")
+        _plausible(n_samples=self.n_samples, n_test=self.n_test)
 
 
 @dataclass(frozen=True)
@@ -78,6 +88,9 @@ class TrainResult:
     deliver_seconds: Annotated[float, AtLeast(0)] = 0.0
     kind: Literal["train"] = "train"
 
+    def __post_init__(self) -> None:
+        _plausible(n_samples=self.n_samples, class_counts=sum(self.class_counts))
+
 
 @dataclass(frozen=True)
 class PretrainResult:
@@ -88,6 +101,9 @@ class PretrainResult:
     loss: float
     steps: Count
     kind: Literal["pretrain"] = "pretrain"
+
+    def __post_init__(self) -> None:
+        _plausible(n_samples=self.n_samples)
 
 
 @dataclass(frozen=True)
@@ -100,6 +116,13 @@ class EvalRow:
     loss: float
     correct: Count
     n: Count
+
+    def __post_init__(self) -> None:
+        _plausible(n=self.n)
+        if self.correct > self.n:
+            raise ValueError(f"{self.correct} correct of {self.n} samples")
+        if self.loss < 0:
+            raise ValueError(f"a cross-entropy loss is never negative, got {self.loss}")
 
 
 @dataclass(frozen=True)
@@ -347,7 +370,7 @@ def decode_message(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise ProtocolError("a binary frame arrived where a control message was expected")
     try:
         raw = json.loads(data.decode())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, an integer of > 4300 digits, too deep
         raise ProtocolError(f"control message is not UTF-8 JSON ({str(exc)[:80]})") from None
     if not isinstance(raw, dict):
         raise ProtocolError("control message must be a JSON object")

@@ -66,11 +66,19 @@ ID_PATTERN = r"^[^/+# \x00-\x1f\x7f]{1,64}$"
 
 def check_identifier(value: str, what: str) -> str:
     if not value or len(value) > 64 or any(ch in value for ch in "/+# ") or not value.isprintable():
-        raise ProtocolError(f"{what} {value!r} must be 1-64 printable characters without '/', '+', '#', ' '")
+        raise ProtocolError(f"{what} {_short(value)} must be 1-64 printable characters without '/', '+', '#', ' '")
     return value
 
 
 # -- reading --------------------------------------------------------------------------------
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters: an error never echoes a huge input."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of about {int(value.bit_length() * 0.30103)} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _split_annotated(tp: Any) -> tuple[Any, tuple[Any, ...]]:
@@ -100,9 +108,9 @@ def _check_constraints(value: Any, extras: tuple[Any, ...], where: str) -> None:
             size = len(value) if isinstance(value, tuple) else value
             if size < c.value:
                 what = "have at least" if isinstance(value, tuple) else "be at least"
-                raise ProtocolError(f"{where} must {what} {c.value:g}, got {value!r}")
+                raise ProtocolError(f"{where} must {what} {c.value:g}, got {_short(value)}")
         elif isinstance(c, Above) and not value > c.value:
-            raise ProtocolError(f"{where} must be above {c.value:g}, got {value!r}")
+            raise ProtocolError(f"{where} must be above {c.value:g}, got {_short(value)}")
         elif isinstance(c, MaxLen) and len(value) > c.value:
             raise ProtocolError(f"{where} holds {len(value)} items; at most {c.value} are allowed")
         elif isinstance(c, Identifier):
@@ -132,30 +140,36 @@ def _read_base(tp: Any, raw: Any, where: str) -> Any:
         return raw
     if tp is bool:
         if not isinstance(raw, bool):
-            raise ProtocolError(f"{where} must be true or false, got {raw!r}")
+            raise ProtocolError(f"{where} must be true or false, got {_short(raw)}")
         return raw
     if tp is int:
         if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ProtocolError(f"{where} must be an integer, got {raw!r}")
+            raise ProtocolError(f"{where} must be an integer, got {_short(raw)}")
         return raw
     if tp is float:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)) or not math.isfinite(raw):
-            raise ProtocolError(f"{where} must be a finite number, got {raw!r}")
-        return float(raw)
+        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+            raise ProtocolError(f"{where} must be a finite number, got {_short(raw)}")
+        try:
+            value = float(raw)  # an integer beyond the float range overflows
+        except OverflowError:
+            value = math.inf
+        if not math.isfinite(value):
+            raise ProtocolError(f"{where} must be a finite number, got {_short(raw)}")
+        return value
     if tp is str:
         if not isinstance(raw, str):
-            raise ProtocolError(f"{where} must be a string, got {raw!r}")
+            raise ProtocolError(f"{where} must be a string, got {_short(raw)}")
         return raw
     if get_origin(tp) is Literal:
         allowed = get_args(tp)
         if raw not in allowed or isinstance(raw, bool) != any(isinstance(a, bool) for a in allowed):
-            raise ProtocolError(f"{where} must be one of {list(allowed)}, got {raw!r}")
+            raise ProtocolError(f"{where} must be one of {list(allowed)}, got {_short(raw)}")
         return raw
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         try:
             return tp(raw)
         except ValueError:
-            raise ProtocolError(f"{where} must be one of {[m.value for m in tp]}, got {raw!r}") from None
+            raise ProtocolError(f"{where} must be one of {[m.value for m in tp]}, got {_short(raw)}") from None
     if get_origin(tp) is tuple:
         item, ellipsis = get_args(tp)
         assert ellipsis is Ellipsis, "only tuple[T, ...] is supported"
@@ -180,9 +194,10 @@ def _read_tagged(options: list[Any], raw: Any, where: str) -> Any:
         assert tag is not None, f"union member {cls.__name__} has no Literal tag field"
         tags[tag[1]] = (tag[0], cls)
     field_name = next(iter(tags.values()))[0]
-    chosen = tags.get(raw.get(field_name))
+    value = raw.get(field_name)
+    chosen = tags.get(value) if isinstance(value, str) else None  # tags are strings; a list is unhashable
     if chosen is None:
-        raise ProtocolError(f"{where}.{field_name} must be one of {list(tags)}, got {raw.get(field_name)!r}")
+        raise ProtocolError(f"{where}.{field_name} must be one of {list(tags)}, got {_short(value)}")
     return from_body(chosen[1], raw, where)
 
 
@@ -205,7 +220,7 @@ def from_body(cls: type[T], raw: Any, where: str = "body") -> T:
         values[f.name] = read_value(hints[f.name], raw[f.name], name)
     try:
         return cls(**values)
-    except (ValueError, TypeError) as exc:  # a body's own cross-field check
+    except (ValueError, TypeError, ArithmeticError) as exc:  # a body's own cross-field check
         raise ProtocolError(f"{where}: {exc}") from None
 
 

@@ -7,7 +7,15 @@ devices: executing a plan with group managers, pre-training and evaluation reque
 class counts and link matrices. The sender of every message is the device named by
 its topic (``from/<id>/...``); a payload that claims anyone else is dropped. Every
 receive is validated; whatever is wrong is dropped with a log line and counted in the
-round's record, and no single message can stop a run.
+round's record (by reason, and per registered device), and no single message can stop
+a run.
+
+Memory stays bounded whatever arrives: the receive queue holds at most
+``max_queue_mb`` of payloads (beyond: dropped and counted); partial model uploads are
+held only for registered devices, at most two models' worth each and
+``max_pending_mb`` in all; the registry holds at most ``max_devices`` devices and 256
+registrations waiting for their confirmation ping; drop counters are kept by reason
+and per registered device.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -46,15 +54,18 @@ from device.protocol import (
 )
 from device.runtime import TFLiteModel
 from server.artifact import artifact_for_devices
+from server.coordinator.admission import Admission
 from server.coordinator.execution import RoundExecution
 from server.coordinator.persistence import Persistence
 from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
+from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
+LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
 
 
 @dataclass
@@ -70,10 +81,22 @@ class CoordinatorConfig:
     relay_rtt_ms: float = 250.0
     federated_eval_every: int = 0  # evaluate on the devices' own test sets every N rounds (0: never)
     # partial model payloads held at once: a parallel round has one in flight per device
+    # (each device may hold two models' worth, and only registered devices any)
     max_pending_mb: int = 4096
+    # payload bytes waiting in the receive queue (beyond: dropped and counted)
+    max_queue_mb: int = 2048
     username: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
+    # admission control (server/coordinator/admission.py): the provisioned ids of a site
+    # run (None: anyone may register), a cap, and confirmation pings per second
+    allowed_devices: frozenset[str] | None = None
+    max_devices: int = 1000
+    max_registrations_per_s: float = 20.0
+    # what the round driver does with results (server/screening.py; None: no screening),
+    # and how many plans a round may take when every sampled device fails
+    screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)
+    round_attempts: int = 3
 
 
 class Coordinator(Persistence):
@@ -93,10 +116,25 @@ class Coordinator(Persistence):
         self.eval_data = eval_data
         self.artifact_bytes, self.artifact_manifest = artifact_for_devices(self.model_path, self.manifest.to_dict())
         self.epoch = uuid.uuid4().hex[:8]  # this process; task ids and shared keys carry it
-        self.registry = Registry(self.manifest.n_classes)
+        self.registry = Registry(
+            self.manifest.n_classes,
+            Admission(
+                allowed=config.allowed_devices,
+                max_devices=config.max_devices,
+                rate=config.max_registrations_per_s,
+                burst=max(1.0, 5 * config.max_registrations_per_s),
+            ),
+        )
         self.round = 0
-        self._frames = Reassembler(max_pending_bytes=config.max_pending_mb * 2**20)
+        model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
+        self._frames = Reassembler(
+            max_bytes=model_bytes,
+            max_pending_bytes=config.max_pending_mb * 2**20,
+            max_pending_per_sender=2 * model_bytes,
+        )
         self._dropped: dict[str, int] = {}
+        self._rejected: dict[str, int] = {}  # registered device -> its messages dropped this round
+        self._queue_dropped = 0  # the link's queue-full count already reported
         self._recent_ids: dict[str, None] = {}  # message ids seen lately, oldest first
         self._started = False
         self._resumed_plan: RoundPlan | None = None
@@ -112,6 +150,7 @@ class Coordinator(Persistence):
             # persistent: what devices send while the coordinator restarts waits for it
             clean_session=False,
             will=Will(self.topics.server_status, self._status("stopped"), retain=True),
+            max_queue_bytes=config.max_queue_mb * 2**20,
         )
         self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)
         self.requests = TaskRequests(
@@ -130,6 +169,8 @@ class Coordinator(Persistence):
             seed=config.seed,
             federated_eval_every=config.federated_eval_every,
             server_eval=self._server_eval if eval_data is not None else None,
+            max_attempts=config.round_attempts,
+            screening=config.screening,
         )
         self.driver.on_planned = self._journal
 
@@ -138,6 +179,7 @@ class Coordinator(Persistence):
         self.link.publish(topic, data, retain=retain)
 
     def _status(self, state: str) -> bytes:
+        # the sha256 of what devices download (the artifact), not of the server's own file
         body = ServerStatus(self.epoch, state, model_sha256=self.artifact_manifest["sha256"])  # type: ignore[arg-type]
         return Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode()
 
@@ -178,10 +220,19 @@ class Coordinator(Persistence):
             self.topics.artifact_manifest, json.dumps(self.artifact_manifest).encode(), retain=True, wait=30.0
         )
 
-    def drop(self, reason: str, detail: str, quiet: bool = False) -> None:
-        """Count a message covey did not use; ``quiet`` for expected ones (duplicates)."""
-        self._dropped[reason] = self._dropped.get(reason, 0) + 1
-        (log.info if quiet else log.warning)("dropped: %s (%s)", reason, detail)
+    def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
+        """Count (by reason, and per registered ``device``) and log what covey did not use;
+        ``quiet`` for expected ones (duplicates of what already arrived), which are neither
+        held against the device nor logged above info."""
+        if quiet:
+            self._dropped[reason] = self._dropped.get(reason, 0) + 1
+            log.info("dropped: %s (%s)", reason, detail)
+            return
+        if device is not None:
+            self._rejected[device] = self._rejected.get(device, 0) + 1
+        n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
+        if n <= LOGGED_DROPS:  # a flood is counted in full but logs a few lines per reason and round
+            log.warning("dropped: %s (%s)%s", reason, detail, " [more are counted, not logged]" * (n == LOGGED_DROPS))
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
@@ -190,16 +241,23 @@ class Coordinator(Persistence):
             self._connections = self.link.connections
             log.warning("connection to the broker is back; sending this round's outstanding work again")
             self.execution.resend_outstanding()
+        for device, t in self.registry.pings_due():  # admission: confirm new devices
+            self._publish(self.topics.inbox(device), Message.of(Ping(t), run=self.cfg.run, sender=SERVER_ID).encode())
         item = self.link.receive(timeout)
         if item is None:
             return
         try:
             self._dispatch(item)
         except CoveyError as exc:
-            self.drop(type(exc).__name__, f"{item.topic}: {exc}")
+            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}", self._sender(item))
         except Exception as exc:  # no single message, from anyone, may stop a run
             log.exception("unexpected error handling %s", item.topic)
-            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}")
+            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}", self._sender(item))
+
+    def _sender(self, item: Incoming) -> str | None:
+        """The registered device a message came from (by its topic), else None."""
+        who = self.topics.device_of(item.topic)
+        return who[0] if who is not None and who[0] in self.registry.devices else None
 
     def _dispatch(self, item: Incoming) -> None:
         who = self.topics.device_of(item.topic)
@@ -210,9 +268,10 @@ class Coordinator(Persistence):
             raise ProtocolError(f"unexpected topic {item.topic}")
         device, kind = who
         if kind == "status":
-            self.registry.set_online(device, item.payload == b"online")
+            self.registry.set_status(device, item.payload)
             return
         if kind == "frames":
+            self.registry.known(device)  # nothing from an unregistered id is held while it reassembles
             evicted, expired = self._frames.evicted, self._frames.expired
             payload = self._frames.add(item.payload, sender=device)
             if self._frames.evicted > evicted or self._frames.expired > expired:
@@ -236,16 +295,20 @@ class Coordinator(Persistence):
                 raise ProtocolError(f"{msg.type!r} on a register topic")
             self._on_register(device, msg.body)
         elif isinstance(msg.body, Pong):
-            self.registry.pong(device, msg.body)
+            confirmed = self.registry.pong(device, msg.body)
+            if confirmed is not None and self._started:
+                self.strategy.add_client(confirmed)  # a newcomer passed admission
         elif msg.type == "result":
             self._on_result(device, msg)
         else:
             raise ProtocolError(f"{msg.type!r} is not a result")
 
     def _on_register(self, device: str, body: Register) -> None:
-        info, changed = self.registry.register(device, body)
-        if self._started and changed:
-            self.strategy.add_client(info)  # a newcomer, or new counts
+        reg = self.registry.register(device, body)
+        for evicted in reg.evicted:
+            self.drop("registration evicted before confirming", f"{evicted}: more than the pending limit")
+        if self._started and reg.changed and reg.info is not None:
+            self.strategy.add_client(reg.info)  # new counts
 
     def _on_result(self, device: str, msg: Message) -> None:
         rec = self.registry.known(device)
@@ -334,8 +397,11 @@ class Coordinator(Persistence):
         return self.registry.distance_matrix()
 
     def round_stats(self) -> RoundStats:
-        stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped))
-        self._dropped = {}
+        queue_full, self._queue_dropped = self.link.dropped - self._queue_dropped, self.link.dropped
+        if queue_full:  # lost before anyone could read them (device/mqtt.py logs each burst)
+            self._dropped["receive queue full"] = self._dropped.get("receive queue full", 0) + queue_full
+        stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped), dict(self._rejected))
+        self._dropped, self._rejected = {}, {}
         return stats
 
     def _server_eval(self, weights: np.ndarray) -> tuple[float, float]:

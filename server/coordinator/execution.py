@@ -5,7 +5,9 @@ Each group's hand-off mode is chosen here (``direct``, ``relay``, alternating
 to its peers or whose measured RTT exceeds ``relay_rtt_ms``). Every member's
 assignment is published retained; the managers send requests and models, and the
 coordinator's receive loop feeds them results until every group is done or its
-deadline passed.
+deadline passed. When the round driver plans a round again (every sampled device
+failed), the new plan's task ids carry the attempt (``<epoch>a2-r<round>-...``), so no
+late reply to the first plan can pass for one to the second.
 """
 
 from __future__ import annotations
@@ -34,6 +36,13 @@ class RoundExecution:
         self.managers: list[GroupManager] = []
         # task ids start with this; a resumed round keeps the prefix it was journaled with
         self.task_prefix = coordinator.epoch
+        self._attempts: dict[int, int] = {}  # round -> plans executed
+
+    def next_prefix(self, rnd: int) -> str:
+        """The task-id prefix of round ``rnd``'s next plan: a retried plan's tasks are new
+        work, never duplicates of the failed attempt's (the journal records this prefix)."""
+        attempt = self._attempts.get(rnd, 0) + 1
+        return self.task_prefix if attempt == 1 else f"{self.task_prefix}a{attempt}"
 
     def _handoff_for(self, group_index: int, members: Sequence[str]) -> Handoff:
         mode = self.coord.cfg.handoff
@@ -52,6 +61,8 @@ class RoundExecution:
             raise ProtocolError(f"plan names unknown devices {unknown}")
         now = time.monotonic()
         self.managers = []
+        prefix = self.next_prefix(plan.round)
+        self._attempts[plan.round] = self._attempts.get(plan.round, 0) + 1
         try:
             for i, g in enumerate(plan.groups):
                 manager = GroupManager(
@@ -65,7 +76,7 @@ class RoundExecution:
                     deadline_s=c.cfg.deadline_s,
                     seed=seed,
                     max_chunk=c.cfg.max_chunk,
-                    task_prefix=self.task_prefix,
+                    task_prefix=prefix,
                     shared=self.shared,
                 )
                 for d in g.members:

@@ -60,7 +60,8 @@ class Persistence:
     def _journal(self, plan: RoundPlan) -> None:
         """The round's plan and the strategy as planning left it, with the task ids'
         prefix: a coordinator resumed after a crash finishes this very round."""
-        state = {**self._state(), "round": self.driver.rnd, "plan": plan, "task_prefix": self.execution.task_prefix}
+        prefix = self.execution.next_prefix(self.driver.rnd)  # the one this plan will execute with
+        state = {**self._state(), "round": self.driver.rnd, "plan": plan, "task_prefix": prefix}
         checkpoint.save(state, self.cfg.state_dir, "journal")
 
     def resume(self) -> bool:

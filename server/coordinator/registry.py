@@ -1,9 +1,11 @@
 """The coordinator's registry of devices: who registered, with what data, how far away.
 
 A device is known once it registered (``from/<id>/register``) with one class count
-per class of the model; registering again replaces its record and keeps its measured
-RTT. A device of protocol version 1 registers on the old topic and is told, in its
-own envelope, to upgrade and stop.
+per class of the model and passed admission control (:mod:`.admission`: the
+allowlist of a site run, the cap on devices, and a confirmation ping it answered);
+registering again replaces its record and keeps its measured RTT. A device of
+protocol version 1 registers on the old topic and is told, in its own envelope, to
+upgrade and stop.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from device.errors import ProtocolError
 from device.protocol import Pong, Register, Topics, legacy_stop
+from server.coordinator.admission import Admission
 from server.strategies.base import ClientInfo
 
 log = logging.getLogger("covey.server")
@@ -33,27 +36,49 @@ class DeviceRecord:
     online: bool = True
 
 
+@dataclass(frozen=True)
+class Registration:
+    """What a registration did: the client (``None`` while a new id waits for its
+    confirmation ping), whether it is new or changed, and the pending registrations
+    evicted to make room for it."""
+
+    info: ClientInfo | None
+    changed: bool = False
+    evicted: tuple[str, ...] = field(default=())
+
+
 class Registry:
-    def __init__(self, n_classes: int) -> None:
+    def __init__(self, n_classes: int, admission: Admission | None = None) -> None:
         self.n_classes = n_classes
         self.devices: dict[str, DeviceRecord] = {}
+        self.admission = admission or Admission()
 
-    def register(self, device: str, body: Register) -> tuple[ClientInfo, bool]:
-        """Record a registration; returns the client and whether it is new or changed."""
+    def register(self, device: str, body: Register) -> Registration:
+        """A registration. A known device's record is replaced at once; a new id goes
+        through admission control (:class:`~.admission.AdmissionError` if refused)
+        and becomes a device when it answers its confirmation ping (:meth:`pong`)."""
         if len(body.class_counts) != self.n_classes:
             raise ProtocolError(
                 f"{device}: {len(body.class_counts)} class counts, the model has {self.n_classes} classes"
             )
-        info = ClientInfo(device, body.n_samples, np.asarray(body.class_counts, np.float64), body.n_test)
         known = self.devices.get(device)
+        if known is None:
+            evicted = self.admission.request(device, body, len(self.devices))
+            log.info("device %s asks to join (%d samples); confirming with a ping", device, body.n_samples)
+            return Registration(None, False, tuple(evicted))
+        info = self._record(device, body)
+        self.devices[device].rtt_ms = known.rtt_ms
+        log.info("device %s registered again", device)
+        return Registration(info, not np.array_equal(known.info.class_counts, info.class_counts))
+
+    def _record(self, device: str, body: Register) -> ClientInfo:
+        info = ClientInfo(device, body.n_samples, np.asarray(body.class_counts, np.float64), body.n_test)
         self.devices[device] = DeviceRecord(info, body.runtime, direct=body.direct, last_seen=time.monotonic())
-        if known is not None:
-            self.devices[device].rtt_ms = known.rtt_ms
-            log.info("device %s registered again", device)
-        else:
-            log.info("device %s registered: %d samples, %s", device, body.n_samples, body.runtime)
-        changed = known is None or not np.array_equal(known.info.class_counts, info.class_counts)
-        return info, changed
+        return info
+
+    def pings_due(self) -> list[tuple[str, float]]:
+        """``(device, t)``: confirmation pings to send now (at the admission rate)."""
+        return self.admission.pings_due()
 
     def legacy_register(self, payload: bytes, publish: Callable[[str, bytes, bool], None], topics: Topics) -> None:
         """A protocol-1 device: tell it (in its own envelope) to upgrade and stop."""
@@ -78,8 +103,23 @@ class Registry:
         if device in self.devices:
             self.devices[device].online = online
 
-    def pong(self, device: str, pong: Pong) -> None:
+    def set_status(self, device: str, payload: bytes) -> None:
+        """A device's retained status: ``online`` or ``offline`` (its last will)."""
+        if payload not in (b"online", b"offline"):
+            raise ProtocolError(f"status of {device!r} must be 'online' or 'offline', got {payload[:40]!r}")
+        self.set_online(device, payload == b"online")
+
+    def pong(self, device: str, pong: Pong) -> ClientInfo | None:
+        """A pong: the RTT of a known device, or the confirmation of a pending one
+        (returns its client: a device of the run from now on)."""
+        body = self.admission.confirm(device, pong.echo)
+        if body is not None:
+            info = self._record(device, body)
+            self.devices[device].rtt_ms = (time.time() - pong.echo) * 1000
+            log.info("device %s registered: %d samples, %s", device, body.n_samples, body.runtime)
+            return info
         self.known(device).rtt_ms = (time.time() - pong.echo) * 1000
+        return None
 
     def distance_matrix(self) -> np.ndarray | None:
         """Device-to-device distance through the broker: ``rtt_i + rtt_j`` (ms)."""

@@ -24,6 +24,12 @@ A file looks like::
     n_groups = 5
     clients_per_round = 20
 
+    [screening]             # what the round driver refuses and how it averages
+    enabled = true          # the update-norm bound (server/screening.py)
+    norm_factor = 10.0      # refuse updates above 10x the round's median norm
+    aggregation = "mean"    # mean | median | trimmed_mean (Yin et al. 2018)
+    trim = 0.2              # the trimmed mean's fraction cut at each end
+
 Flags override the file, the file overrides a preset (``--preset``), and a preset
 overrides the method's paper settings; ``origins`` remembers which source set each
 key (:mod:`server.settings`). Training settings left unset take the strategy's own
@@ -36,10 +42,13 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
-from device.errors import ConfigError
+from device.errors import ConfigError, CoveyError
 from server.settings import Setting, Source
+
+if TYPE_CHECKING:  # the strategies load only when a run is prepared
+    from server.screening import ScreeningConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -53,6 +62,52 @@ DATASET_KEYS = {
     "femnist": {"data_dir"},
     "mnist": {"clients", "scheme", "classes_per_client", "dirichlet_alpha", "source", "imbalance"},
 }
+# each data-set setting's kind: "number" (>= 0), "count" (integer >= 1), "flag" (bool) or a string
+DATASET_KINDS = {
+    "alpha": "number",
+    "beta": "number",
+    "users": "count",
+    "iid": "flag",
+    "data_dir": "string",
+    "clients": "count",
+    "scheme": "string",
+    "classes_per_client": "count",
+    "dirichlet_alpha": "number",
+    "source": "string",
+    "imbalance": "flag",
+}
+SHIFT_MODES = ("all", "part")
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> TypeGuard[float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_dataset_value(key: str, value: Any) -> None:
+    kind = DATASET_KINDS[key]
+    ok = {
+        "number": lambda v: _is_number(v) and v >= 0 and v == v and v != float("inf"),
+        "count": lambda v: _is_int(v) and v >= 1,
+        "flag": lambda v: isinstance(v, bool),
+        "string": lambda v: isinstance(v, str) and bool(v),
+    }[kind](value)
+    if not ok:
+        rule = {
+            "number": "a finite number >= 0",
+            "count": "an integer >= 1",
+            "flag": "true or false",
+            "string": "a non-empty string",
+        }
+        raise ConfigError(f"dataset setting {key} must be {rule[kind]}, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not (_is_int(value) and value.bit_length() > 256) else "a huge integer"
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 @dataclass(frozen=True)
@@ -72,18 +127,31 @@ class SimulationConfig:
     shift_probability: float = 0.0
     shift_mode: str = "all"
     clients_per_round: int | None = None  # applied to the strategies that take it
+    screening: bool = True  # the update-norm bound (server/screening.py)
+    norm_factor: float = 10.0
+    aggregation: str = "mean"
+    trim: float = 0.2
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        for name in ("strategy", "dataset", "shift_mode"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"{name} must be a string, got {_shown(getattr(self, name))}")
+        if self.model is not None and not (isinstance(self.model, str) and self.model):
+            raise ConfigError(f"model must be the name of a zoo model (a string), got {_shown(self.model)}")
         if self.dataset not in DATASETS:
             raise ConfigError(f"unknown data set {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        if self.shift_mode not in SHIFT_MODES:
+            raise ConfigError(f"shift_mode must be one of {', '.join(SHIFT_MODES)}, got {self.shift_mode!r}")
         unknown = set(self.dataset_params) - DATASET_KEYS[self.dataset]
         if unknown:
             raise ConfigError(
                 f"data set {self.dataset!r} has no setting(s) {sorted(unknown)}; "
                 f"it takes {sorted(DATASET_KEYS[self.dataset])}"
             )
+        for key, value in self.dataset_params.items():
+            _check_dataset_value(key, value)
         for name, value, low in (
             ("rounds", self.rounds, 1),
             ("workers", self.workers, 1),
@@ -94,14 +162,35 @@ class SimulationConfig:
         ):
             if value is None and name in ("epochs", "batch", "clients_per_round"):
                 continue
-            if not isinstance(value, int) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}")
-        if self.lr is not None and not (isinstance(self.lr, (int, float)) and self.lr > 0):
-            raise ConfigError(f"lr must be a positive number, got {self.lr!r}")
-        if self.mu is not None and not (isinstance(self.mu, (int, float)) and self.mu >= 0):
-            raise ConfigError(f"mu must be a number >= 0, got {self.mu!r}")
-        if not 0 <= self.shift_probability <= 1:
-            raise ConfigError(f"shift probability must be in [0, 1], got {self.shift_probability}")
+            if not _is_int(value) or value < low:
+                raise ConfigError(f"{name} must be an integer >= {low}, got {_shown(value)}")
+        if self.lr is not None and not (_is_number(self.lr) and 0 < self.lr < float("inf")):
+            raise ConfigError(f"lr must be a positive number, got {_shown(self.lr)}")
+        if self.mu is not None and not (_is_number(self.mu) and 0 <= self.mu < float("inf")):
+            raise ConfigError(f"mu must be a number >= 0, got {_shown(self.mu)}")
+        if not (_is_number(self.shift_probability) and 0 <= self.shift_probability <= 1):
+            raise ConfigError(f"shift probability must be in [0, 1], got {_shown(self.shift_probability)}")
+        if not isinstance(self.screening, bool):
+            raise ConfigError(f"screening must be true or false, got {_shown(self.screening)}")
+        if not _is_number(self.norm_factor) or not _is_number(self.trim) or not isinstance(self.aggregation, str):
+            raise ConfigError(
+                "norm_factor and trim must be numbers and aggregation a string, got "
+                f"{_shown(self.norm_factor)}, {_shown(self.trim)}, {_shown(self.aggregation)}"
+            )
+        try:
+            self.screening_config()
+        except CoveyError as exc:
+            raise ConfigError(str(exc)) from None
+
+    def screening_config(self) -> ScreeningConfig:
+        """What the round driver screens and how it averages (:mod:`server.screening`)."""
+        from server.screening import ScreeningConfig
+
+        return ScreeningConfig(
+            norm_factor=float(self.norm_factor) if self.screening else None,
+            aggregation=self.aggregation,  # type: ignore[arg-type]
+            trim=float(self.trim),
+        )
 
     @property
     def model_name(self) -> str:
@@ -139,7 +228,8 @@ class SimulationConfig:
         return {k: self.setting(f"{prefix}.{k}", v) for k, v in params.items()}
 
 
-SECTIONS = {"simulation", "dataset", "train", "strategy"}
+SECTIONS = {"simulation", "dataset", "train", "strategy", "screening"}
+SCREENING_KEYS = {"enabled": "screening", "norm_factor": "norm_factor", "aggregation": "aggregation", "trim": "trim"}
 
 
 def load_config(path: Path | str, base: SimulationConfig | None = None) -> SimulationConfig:
@@ -149,12 +239,21 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         raw = tomllib.loads(path.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {path} not found") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text; give a TOML file") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path} ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # TOMLDecodeError, a > 4300-digit integer, deep nesting
+        raise ConfigError(f"config file {path} is not valid TOML: {str(exc)[:200] or type(exc).__name__}") from None
     unknown = set(raw) - SECTIONS
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use {sorted(SECTIONS)}")
-    sim, data, train, strat = (dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy"))
+    for section in SECTIONS & set(raw):
+        if not isinstance(raw[section], dict):
+            raise ConfigError(f"{path}: [{section}] must be a table of settings, got {_shown(raw[section])}")
+    sim, data, train, strat, screen = (
+        dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy", "screening")
+    )
     kwargs: dict[str, Any] = {}
     for key in ("rounds", "seed", "workers", "model", "shift_probability", "shift_mode", "clients_per_round"):
         if key in sim:
@@ -166,6 +265,11 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
             kwargs[key] = train.pop(key)
     if train:
         raise ConfigError(f"{path}: unknown [train] key(s) {sorted(train)}")
+    for key, field_name in SCREENING_KEYS.items():
+        if key in screen:
+            kwargs[field_name] = screen.pop(key)
+    if screen:
+        raise ConfigError(f"{path}: unknown [screening] key(s) {sorted(screen)}; use {sorted(SCREENING_KEYS)}")
     if "name" in data:
         kwargs["dataset"] = data.pop("name")
     kwargs["dataset_params"] = data

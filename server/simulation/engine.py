@@ -21,8 +21,10 @@ import numpy as np
 from device.data import class_counts
 from device.protocol import EvalRow
 from server.costs import CostModel
-from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
+from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
+from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData, Federation, SwapShift
+from server.simulation.faults import Faults
 from server.simulation.trainer import ChainOutcome, Trainer
 from server.strategies.base import ClientInfo, GroupResult, MemberResult, RoundPlan, Strategy
 
@@ -33,9 +35,9 @@ SHIFT_STREAM = 0x5817  # the distribution shift draws from its own stream, never
 _WORKER: Trainer | None = None
 
 
-def _init_worker(model_path: str, data: Mapping[str, ClientData]) -> None:
+def _init_worker(model_path: str, data: Mapping[str, ClientData], faults: Faults) -> None:
     global _WORKER
-    _WORKER = Trainer(model_path, data, threads=1)
+    _WORKER = Trainer(model_path, data, threads=1, faults=faults)
 
 
 def _call(method: str, *args: Any) -> Any:
@@ -57,9 +59,9 @@ class _Local:
 
 
 class _Pool:
-    def __init__(self, workers: int, model_path: str, data: Mapping[str, ClientData]) -> None:
+    def __init__(self, workers: int, model_path: str, data: Mapping[str, ClientData], faults: Faults) -> None:
         self.executor = ProcessPoolExecutor(
-            workers, mp_context=mp.get_context("fork"), initializer=_init_worker, initargs=(model_path, data)
+            workers, mp_context=mp.get_context("fork"), initializer=_init_worker, initargs=(model_path, data, faults)
         )
 
     def map(self, method: str, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
@@ -85,6 +87,7 @@ class VirtualDevices:
         strategies that group by link quality (DSC, FedAvg-IC, HierFAVG).
     shift : optional distribution shift applied before every round (FlexCFL).
     seed : seeds the shift's own generator.
+    faults : devices that never answer, and poisoners (:mod:`server.simulation.faults`).
     """
 
     def __init__(
@@ -97,18 +100,22 @@ class VirtualDevices:
         distance: np.ndarray | None = None,
         shift: SwapShift | None = None,
         seed: int = 0,
+        faults: Faults | None = None,
     ) -> None:
+        self.faults = faults or Faults()
         self.federation = federation
         self.ids = sorted(federation)
         self.model_path = str(model_path)
-        self.local = Trainer(model_path, federation, threads=1 if workers > 1 else 2)
+        self.local = Trainer(model_path, federation, threads=1 if workers > 1 else 2, faults=self.faults)
         self.n_classes = self.local.model.manifest.n_classes
         for data in federation.values():
             for part in (data.train, data.test):
                 if len(part):
                     self.local.model.check_data(part.x, part.y)  # clear error if the model does not fit
         self.workers = workers
-        self.pool: _Local | _Pool = _Pool(workers, self.model_path, federation) if workers > 1 else _Local(self.local)
+        self.pool: _Local | _Pool = (
+            _Pool(workers, self.model_path, federation, self.faults) if workers > 1 else _Local(self.local)
+        )
         self._snr, self._distance = snr_db, distance
         self.shift = shift
         self.shift_rng = np.random.default_rng([int(seed), SHIFT_STREAM])
@@ -131,15 +138,19 @@ class VirtualDevices:
         moved = self.shift.apply(self.federation, sorted(self.seen), self.shift_rng)
         if moved and isinstance(self.pool, _Pool):  # workers hold their own copy of the data
             self.pool.close()
-            self.pool = _Pool(self.workers, self.model_path, self.federation)
+            self.pool = _Pool(self.workers, self.model_path, self.federation, self.faults)
         return {"shifted_clients": float(len(moved))}
+
+    def _answers(self, clients: Sequence[str]) -> list[str]:
+        return [c for c in clients if c not in self.faults.unresponsive]
 
     def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
         settings = plan.train.to_wire()
         chains = [g for g in plan.groups if g.mode == "chain"]
-        parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in g.members]
+        parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
         chain_out: list[ChainOutcome] = self.pool.map(
-            "chain", [(plan.models[g.start_model], list(g.members), settings, seed, plan.round) for g in chains]
+            "chain",
+            [(plan.models[g.start_model], self._answers(g.members), settings, seed, plan.round) for g in chains],
         )
         member_out: list[MemberResult] = self.pool.map(
             "parallel", [(plan.models[g.start_model], c, settings, seed, plan.round) for g, c in parallel]
@@ -148,22 +159,26 @@ class VirtualDevices:
         by_member = {c: o for (_, c), o in zip(parallel, member_out, strict=True)}
         results = []
         for g in plan.groups:
+            silent = tuple(c for c in g.members if c in self.faults.unresponsive)  # skipped, as on boards
             if g.mode == "chain":
                 o = by_chain[g.group_id]
-                results.append(GroupResult(g.group_id, o.members, o.final_weights))
+                results.append(GroupResult(g.group_id, o.members, o.final_weights, silent))
             else:
-                results.append(GroupResult(g.group_id, tuple(by_member[c] for c in g.members)))
+                results.append(
+                    GroupResult(g.group_id, tuple(by_member[c] for c in g.members if c in by_member), None, silent)
+                )
         self.seen.update(plan.participants)
         return results
 
     def pretrain(
         self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int
     ) -> dict[str, np.ndarray]:
-        updates = self.pool.map("pretrain", [(weights, c, steps, batch, lr, seed, rnd) for c in client_ids])
-        return dict(zip(client_ids, updates, strict=True))
+        answering = self._answers(client_ids)
+        updates = self.pool.map("pretrain", [(weights, c, steps, batch, lr, seed, rnd) for c in answering])
+        return dict(zip(answering, updates, strict=True))
 
     def evaluate(self, jobs: Sequence[EvalJob], *, rnd: int) -> list[dict[str, list[EvalRow]]]:
-        return self.pool.map("evaluate", [(list(j.models), list(j.clients), j.split) for j in jobs])
+        return self.pool.map("evaluate", [(list(j.models), self._answers(j.clients), j.split) for j in jobs])
 
     def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
         return {c: class_counts(self.federation[c].train.y, self.n_classes) for c in client_ids}
@@ -195,6 +210,12 @@ class Simulation:
     shift : optional distribution shift applied before every round (FlexCFL).
     cost_model : Eq. (15)-(17) parameters.
     federated_eval_every : score clients every N rounds (1: every round).
+    faults : devices that never answer, and poisoners (:mod:`server.simulation.faults`).
+    max_attempts : plans per round when every sampled device fails (:mod:`server.rounds`).
+    screening : the update-norm bound and aggregation rule (:mod:`server.screening`);
+        ``None``: none, FedAvg's mean.
+    server_eval : the global model's accuracy and loss on a held-out set (as the
+        coordinator's ``--eval-data``).
     """
 
     def __init__(
@@ -210,13 +231,31 @@ class Simulation:
         shift: SwapShift | None = None,
         cost_model: CostModel | None = None,
         federated_eval_every: int = 1,
+        faults: Faults | None = None,
+        max_attempts: int = 3,
+        screening: ScreeningConfig | None = DEFAULT_SCREENING,
+        server_eval: ServerEvaluator | None = None,
     ) -> None:
         self.strategy = strategy
         self.devices = VirtualDevices(
-            federation, model_path, workers=workers, snr_db=snr_db, distance=distance, shift=shift, seed=seed
+            federation,
+            model_path,
+            workers=workers,
+            snr_db=snr_db,
+            distance=distance,
+            shift=shift,
+            seed=seed,
+            faults=faults,
         )
         self.driver = RoundDriver(
-            strategy, self.devices, seed=seed, cost_model=cost_model, federated_eval_every=federated_eval_every
+            strategy,
+            self.devices,
+            seed=seed,
+            cost_model=cost_model,
+            federated_eval_every=federated_eval_every,
+            max_attempts=max_attempts,
+            screening=screening,
+            server_eval=server_eval,
         )
         self.driver.setup(self.devices.initial_weights())
 

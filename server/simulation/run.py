@@ -84,6 +84,10 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "workers": cfg.setting("workers", cfg.workers),
         "shift_probability": cfg.setting("shift_probability", cfg.shift_probability),
         "shift_mode": cfg.setting("shift_mode", cfg.shift_mode),
+        "screening": cfg.setting("screening", cfg.screening),
+        "norm_factor": cfg.setting("norm_factor", cfg.norm_factor),
+        "aggregation": cfg.setting("aggregation", cfg.aggregation),
+        "trim": cfg.setting("trim", cfg.trim),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
         **train_settings,
         **param_settings,
@@ -143,7 +147,7 @@ def run_simulation(
         raise ConfigError(f"{c.strategy} needs {strategy.min_clients()} clients but the data set has only {len(fed)}")
     shift = datasets.SwapShift(c.shift_probability, c.shift_mode) if c.shift_probability > 0 else None
     start = time.perf_counter()
-    sim = Simulation(strategy, fed, path, seed=c.seed, workers=c.workers, shift=shift)
+    sim = Simulation(strategy, fed, path, seed=c.seed, workers=c.workers, shift=shift, screening=c.screening_config())
     records = sim.run(c.rounds, progress)
     return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings)
 

@@ -10,16 +10,18 @@ seed, round), so a pool of processes gives the same results as one process.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from device.data import Dataset
 from device.protocol import EvalRow, LocalTraining, Split
 from device.runtime import TFLiteModel
 from device.training import evaluate_locally, pretrain_locally, train_locally
 from server.simulation.datasets import ClientData
+from server.simulation.faults import Faults
 from server.strategies.base import MemberResult
 
 
@@ -32,9 +34,12 @@ class ChainOutcome:
 class Trainer:
     """Trains, evaluates and pre-trains virtual devices with one interpreter."""
 
-    def __init__(self, model_path: Path | str, data: Mapping[str, ClientData], threads: int = 1) -> None:
+    def __init__(
+        self, model_path: Path | str, data: Mapping[str, ClientData], threads: int = 1, faults: Faults | None = None
+    ) -> None:
         self.model = TFLiteModel(model_path, num_threads=threads)
         self.data = data
+        self.faults = faults or Faults()  # poisoners scale what they return (server/simulation/faults.py)
 
     def chain(
         self, weights: np.ndarray, members: Sequence[str], settings: LocalTraining, seed: int, rnd: int
@@ -46,7 +51,7 @@ class Trainer:
             res = train_locally(
                 self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
             )
-            current = res.weights
+            current = self.faults.poisoned(c, current, res.weights)
             out.append(MemberResult(c, res.n_samples, res.loss))
         return ChainOutcome(current, tuple(out))
 
@@ -54,7 +59,7 @@ class Trainer:
         res = train_locally(
             self.model, self.data[client].train, settings, start=weights, seed=seed, rnd=rnd, device_id=client
         )
-        return MemberResult(client, res.n_samples, res.loss, res.weights)
+        return MemberResult(client, res.n_samples, res.loss, self.faults.poisoned(client, weights, res.weights))
 
     def pretrain(
         self, weights: np.ndarray, client: str, steps: int, batch: int, lr: float, seed: int, rnd: int
@@ -71,7 +76,8 @@ class Trainer:
             rnd=rnd,
             device_id=client,
         )
-        return update
+        factor = self.faults.scale.get(client)
+        return update if factor is None else (update * np.float32(factor)).astype(np.float32)
 
     def evaluate(self, models: Sequence[np.ndarray], clients: Sequence[str], split: Split) -> dict[str, list[EvalRow]]:
         """Per client: one row per model, on the client's ``split``."""
@@ -80,3 +86,16 @@ class Trainer:
 
 def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
+
+
+def server_evaluator(model_path: Path | str, data: Dataset) -> Callable[[np.ndarray], tuple[float, float]]:
+    """Accuracy and loss of a global model on a held-out set the server owns (what the
+    coordinator scores with ``--eval-data``), for :class:`~server.simulation.engine.Simulation`."""
+    model = TFLiteModel(model_path, num_threads=1)
+
+    def evaluate(weights: np.ndarray) -> tuple[float, float]:
+        model.set_weights(weights)
+        result = model.evaluate(data.x, data.y)
+        return result.accuracy, result.loss
+
+    return evaluate

@@ -31,6 +31,7 @@ from typing import ClassVar, Literal, Protocol
 import numpy as np
 
 from device.protocol import LocalTraining
+from server.aggregation.robust import AggregationRule, combine
 from server.errors import StrategyError
 
 GroupMode = Literal["chain", "parallel"]
@@ -197,6 +198,13 @@ class Strategy(ABC):
 
     name: ClassVar[str] = "strategy"
     summary: ClassVar[str] = ""
+    # clients the round driver set aside while it plans a round again, after every
+    # device it sampled failed (server/rounds.py); sampling honours it (candidates())
+    unavailable: frozenset[str] = frozenset()
+    # how FedAvg-style averages are taken (set by the round driver from its screening
+    # settings): the sample-weighted mean, or a robust rule (server/aggregation/robust.py)
+    aggregation: AggregationRule = "mean"
+    trim: float = 0.2
     paper_train: ClassVar[TrainConfig] = TrainConfig()
     paper_settings: ClassVar[str] = ""
     paper_params: ClassVar[frozenset[str]] = frozenset()
@@ -277,6 +285,17 @@ class Strategy(ABC):
         return 1
 
     # -- helpers -----------------------------------------------------------------------
+    def average(self, models: Sequence[np.ndarray], weights: Sequence[float] | None = None) -> np.ndarray:
+        """Average client or chain models by the run's rule (:attr:`aggregation`): the
+        ``weights``-weighted mean (FedAvg), or the coordinate-wise median or trimmed mean
+        of Yin et al. (ICML 2018), which ignore the weights."""
+        return combine(models, weights, rule=self.aggregation, trim=self.trim)
+
+    def candidates(self) -> list[str]:
+        """The clients a round may sample, sorted: every registered one except those
+        the driver marked :attr:`unavailable` for a retry."""
+        return sorted(c for c in self.clients if c not in self.unavailable)
+
     def sample_clients(self, n: int) -> list[str]:
         ids = sorted(self.clients)
         if n > len(ids):

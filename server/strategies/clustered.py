@@ -73,13 +73,14 @@ class GroupModelStrategy(Strategy):
     def fedavg_groups(self, results: Sequence[GroupResult], *, weighted: bool = True) -> list[int]:
         """Replace each group's model by its members' mean and return the groups that
         changed: sample-weighted (FedAvg, the default) or, with ``weighted=False``, the
-        plain mean (IFCA's model averaging, Ghosh et al. 2020 Alg. 2)."""
+        plain mean (IFCA's model averaging, Ghosh et al. 2020 Alg. 2); a robust rule
+        when the driver set one (:meth:`Strategy.average`)."""
         changed = []
         for r in results:
             members = returned([r])
             if members:
                 sizes = [m.n_samples for m, _ in members] if weighted else None
-                self.group_models[r.group_id] = weighted_average([w for _, w in members], sizes)
+                self.group_models[r.group_id] = self.average([w for _, w in members], sizes)
                 changed.append(r.group_id)
         return changed
 

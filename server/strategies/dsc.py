@@ -61,7 +61,7 @@ class DSC(GroupModelStrategy):
         assert self.global_weights is not None
         if not self.assignment:
             self._form_groups(ctx)
-        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
         by_group: dict[int, list[str]] = {}
         for c in chosen:
             by_group.setdefault(self.assignment[c], []).append(c)
@@ -84,10 +84,9 @@ class DSC(GroupModelStrategy):
             weights = angle_weights(-updates, np.array([m.n_samples for m, _ in members]))
             group_models.append(w + weights @ updates)
             group_sizes.append(sum(m.n_samples for m, _ in members))
-        if not group_models:
-            raise StrategyError(f"round {rnd}: no client returned a model")
-        inter = size_weights(np.array(group_sizes))
-        self.global_weights = (inter @ np.stack(group_models)).astype(np.float32)
+        if group_models:  # else no client returned a model: the global model stays as it was
+            inter = size_weights(np.array(group_sizes))
+            self.global_weights = (inter @ np.stack(group_models)).astype(np.float32)
         groups: dict[int, list[str]] = {}
         for c, g in sorted(self.assignment.items()):
             groups.setdefault(g, []).append(c)

@@ -16,7 +16,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from server.aggregation.fedavg import weighted_average
 from server.aggregation.server_opt import ServerOptimizer
 from server.errors import StrategyError
 from server.strategies.base import (
@@ -42,15 +41,18 @@ class ClientSampler:
             raise StrategyError(f"warmup must be 'none' or 'round_robin', got {warmup!r}")
         self.k, self.warmup = clients_per_round, warmup
 
-    def select(self, rnd: int, ids: Sequence[str], rng: np.random.Generator) -> list[str]:
+    def select(self, rnd: int, ids: Sequence[str], rng: np.random.Generator, *, at_most: bool = False) -> list[str]:
+        """``k`` of ``ids``; with ``at_most`` (a retry without the devices that failed)
+        every one of them when fewer than ``k`` are left."""
         ids = sorted(ids)
-        if self.k > len(ids):
-            raise StrategyError(f"{self.k} clients per round but only {len(ids)} clients are registered")
-        n_warm = -(-len(ids) // self.k)
+        k = min(self.k, len(ids)) if at_most else self.k
+        if k > len(ids) or k == 0:
+            raise StrategyError(f"{self.k} clients per round but only {len(ids)} clients are available")
+        n_warm = -(-len(ids) // k)
         if self.warmup == "round_robin" and rnd <= n_warm:
-            start = (rnd - 1) * self.k
-            return [ids[(start + i) % len(ids)] for i in range(self.k)]
-        return [ids[i] for i in sorted(rng.choice(len(ids), size=self.k, replace=False))]
+            start = (rnd - 1) * k
+            return [ids[(start + i) % len(ids)] for i in range(k)]
+        return [ids[i] for i in sorted(rng.choice(len(ids), size=k, replace=False))]
 
 
 class FedAvg(Strategy):
@@ -66,19 +68,23 @@ class FedAvg(Strategy):
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
         assert self.global_weights is not None
-        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
         return RoundPlan(
             rnd, (GroupPlan(0, tuple(chosen), "parallel", "global"),), {"global": self.global_weights}, self.train
         )
 
-    def _average(self, results: Sequence[GroupResult]) -> np.ndarray:
+    def _average(self, results: Sequence[GroupResult]) -> np.ndarray | None:
+        """The members' average (sample-weighted, or the robust rule the driver set), or
+        None when no client returned a model (the round driver already retried)."""
         members = returned(results)
         if not members:
-            raise StrategyError("no client returned a model this round")
-        return weighted_average([w for _, w in members], [m.n_samples for m, _ in members])
+            return None
+        return self.average([w for _, w in members], [m.n_samples for m, _ in members])
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
-        self.global_weights = self._average(results)
+        mean = self._average(results)
+        if mean is not None:  # else the model stays as it was
+            self.global_weights = mean
         return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results))
 
 
@@ -126,7 +132,8 @@ class FedOpt(FedAvg):
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
         assert self.global_weights is not None
         mean = self._average(results)
-        self.global_weights = self.optimizer.step(self.global_weights, mean - self.global_weights)
+        if mean is not None:  # no update, no optimizer step (its moments stay as they were)
+            self.global_weights = self.optimizer.step(self.global_weights, mean - self.global_weights)
         return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results))
 
 

@@ -35,7 +35,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from server.aggregation.fedavg import weighted_average
 from server.aggregation.hierarchical import HierarchicalSchedule
 from server.errors import StrategyError
 from server.grouping.baselines import random_groups
@@ -99,7 +98,9 @@ class FedAvgIC(GroupModelStrategy):
         return TrainConfig(t.epochs, t.batch_size, t.lr, t.mu, self.schedule.tau1)
 
     def _chosen(self, rnd: int) -> list[str]:
-        return sorted(self.clients) if self.all_clients else self.sampler.select(rnd, list(self.clients), self.rng)
+        if self.all_clients:
+            return self.candidates()
+        return self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
 
     def _group(self, ctx: RoundContext) -> None:
         """NODE_GROUPING over the measured distances. With α_iid = 0 (HierFAVG) only the
@@ -162,13 +163,14 @@ class FedAvgIC(GroupModelStrategy):
             assert self.global_weights is not None
             for m, w in members:
                 self._first_updates[m.client_id] = w - self.global_weights
-            self.global_weights = weighted_average(models, sizes)
+            if members:  # else nobody returned a model: it stays as it was
+                self.global_weights = self.average(models, sizes)
             return RoundSummary(rnd, 1, [list(plan.participants)], mean_loss(results), {"global_aggregation": 1.0})
         self.fedavg_groups(results)
         first = rnd if self.first_grouped_round is None else self.first_grouped_round
         is_global = self.schedule.is_global_round(rnd - first + 1)
         if is_global and members:
-            self.global_weights = weighted_average(models, sizes)
+            self.global_weights = self.average(models, sizes)
             self.group_models = [self.global_weights.copy() for _ in self.group_models]
         return RoundSummary(
             rnd,

@@ -150,7 +150,7 @@ class FedGroup(GroupModelStrategy):
         if self.directions is None:
             self._group_cold_start(ctx)
         moved = self._migrate(ctx)  # FlexCFL Alg. 2 lines 4-7: every warm client, before selection
-        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
         cold = [c for c in chosen if c not in self.assignment]
         done = set(self._client_cold_start(cold + moved, ctx))
         migrated = [c for c in moved if c in done]
@@ -196,7 +196,7 @@ class FlexCFL(FedGroup):
         lines 4-7)."""
         if not self.migrate:
             return []
-        warm = sorted(c for c in self.assignment if c in self.grouped_counts)
+        warm = sorted(c for c in self.assignment if c in self.grouped_counts and c not in self.unavailable)
         if not warm:
             return []
         now = ctx.class_counts(warm)

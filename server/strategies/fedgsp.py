@@ -83,11 +83,11 @@ class FedGSP(Strategy):
         self.fixed_groups: list[list[str]] = []  # static strategies: the chains, in order
 
     def n_groups(self, rnd: int) -> int:
-        n = len(self.clients)
+        n = len(self.candidates())
         return self.schedule.n_groups(rnd, n) if self.grow else min(self.schedule.beta, n)
 
     def _groups(self, rnd: int) -> list[list[str]]:
-        ids = sorted(self.clients)
+        ids = self.candidates()
         k = self.n_groups(rnd)
         counts = np.array([self.clients[c].class_counts for c in ids], np.float64)
         if self.grouping == "icg":
@@ -102,9 +102,15 @@ class FedGSP(Strategy):
         if self.static:
             if not self.fixed_groups:
                 self.fixed_groups = [[str(c) for c in self.rng.permutation(g)] for g in self._groups(rnd)]
-            sampled = self.schedule.sample_groups(len(self.fixed_groups), self.rng)
-            plans = tuple(GroupPlan(int(g), tuple(self.fixed_groups[g]), "chain", "global") for g in sampled)
+            chains = [tuple(c for c in g if c not in self.unavailable) for g in self.fixed_groups]
+            open_groups = [g for g, chain in enumerate(chains) if chain]  # all of them unless retrying
+            if not open_groups:
+                raise StrategyError("no group has a client left to train")
+            chosen = [open_groups[i] for i in self.schedule.sample_groups(len(open_groups), self.rng)]
+            plans = tuple(GroupPlan(int(g), chains[g], "chain", "global") for g in chosen)
         else:
+            if not self.candidates():
+                raise StrategyError("no client left to train")
             groups = self._groups(rnd)
             sampled = self.schedule.sample_groups(len(groups), self.rng)
             plans = tuple(
@@ -136,9 +142,12 @@ class FedGSP(Strategy):
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:
         done = [(r.final_weights, r.n_samples) for r in results if r.final_weights is not None and r.n_samples > 0]
-        if not done:
-            raise StrategyError(f"round {rnd}: no chain returned a model")
-        self.global_weights = aggregate_chains([w for w, _ in done], [n for _, n in done], weighted=self.weighted)
+        if not done:  # no chain trained (the driver already retried): the model stays as it was
+            pass
+        elif self.aggregation == "mean":
+            self.global_weights = aggregate_chains([w for w, _ in done], [n for _, n in done], weighted=self.weighted)
+        else:  # a robust rule over the chains' models
+            self.global_weights = self.average([w for w, _ in done])
         return RoundSummary(
             rnd,
             len(plan.groups),

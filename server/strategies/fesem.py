@@ -43,7 +43,7 @@ class FeSEM(GroupModelStrategy):
         self.start_group = {c: int(g) for c, g in zip(ids, start, strict=True)}
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
-        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
         by_group: dict[int, list[str]] = {}
         for c in chosen:
             by_group.setdefault(self.assignment.get(c, self.start_group.get(c, 0)), []).append(c)

@@ -37,7 +37,7 @@ class IFCA(GroupModelStrategy):
             self.assignment[c] = int(g)
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
-        chosen = self.sampler.select(rnd, list(self.clients), self.rng)
+        chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
         self._assign(chosen, ctx)
         return self.parallel_plan(rnd, chosen)
 

@@ -157,3 +157,40 @@ def test_unreadable_password_file(tmp_path: Path) -> None:  # pragma: no cover -
     pw.chmod(0)
     proc = covey(*RUN_ARGS, "--broker", "127.0.0.1:1", "--username", "u", "--password-file", str(pw))
     assert_one_line_error(proc, str(pw), "cannot be read")
+
+
+@pytest.mark.parametrize(
+    ("argv", "list_text", "needles"),
+    [
+        (["--allow-devices", "{list}"], "dev000\nbad/id\n", ["--allow-devices", "line 2", "bad/id"]),
+        (["--allow-devices", "{list}"], "# nobody\n\n", ["--allow-devices", "names no device"]),
+        (["--allow-devices", "/nonexistent/devices.txt"], None, ["--allow-devices", "/nonexistent/devices.txt"]),
+        (["--allow-devices", "{list}", "--min-devices", "3"], "dev000\ndev001\n", ["only 2 devices", "--min-devices"]),
+        (["--max-devices", "0"], None, ["--max-devices", "at least 1"]),
+        (["--round-attempts", "0"], None, ["--round-attempts", "at least 1"]),
+        (["--norm-factor", "0.5"], None, ["norm factor", "above 1"]),
+        (["--trim", "0.7"], None, ["trim", "[0, 0.5)"]),
+    ],
+)
+def test_admission_and_screening_mistakes(
+    tmp_path: Path, argv: list[str], list_text: str | None, needles: list[str]
+) -> None:
+    listing = tmp_path / "devices.txt"
+    if list_text is not None:
+        listing.write_text(list_text)
+    state = tmp_path / "state"
+    proc = covey(*RUN_ARGS, "--state-dir", str(state), *[a.replace("{list}", str(listing)) for a in argv])
+    assert_one_line_error(proc, *needles)
+    assert not state.exists()
+
+
+def test_a_site_admits_its_provisioned_devices_unless_a_list_is_given(site_parent: Path, tmp_path: Path) -> None:
+    site = init(site_parent / "site", "d1")
+    listing = tmp_path / "devices.txt"
+    listing.write_text("d1\nspare\n")
+    assert connection("--site", str(site.layout.root)).allowed_devices == frozenset(site.spec.devices)
+    assert connection("--site", str(site.layout.root), "--allow-devices", str(listing)).allowed_devices == {
+        "d1",
+        "spare",
+    }
+    assert connection().allowed_devices is None  # an open run on a broker this command starts

@@ -118,6 +118,24 @@ def test_partial_payloads_beyond_the_byte_bound_evict_the_oldest() -> None:
     assert r.pending_bytes == 4_000  # bounded, and a later payload may evict it
 
 
+def test_one_sender_cannot_crowd_out_the_others() -> None:
+    # Prepare: room for 40 KB in all, at most 8 KB per sender; payloads of 4 KB in 4 chunks
+    r = Reassembler(max_pending_bytes=40_000, max_pending_per_sender=8_000)
+    honest = _frames(np.full(1_000, 7, np.float32), sender="honest")
+    flood = [_frames(np.full(1_000, v, np.float32), sender="rogue") for v in range(50)]
+
+    # Execute: the honest sender's first chunk, then 50 partial payloads from the rogue
+    assert r.add(honest[0]) is None
+    for frames in flood:
+        assert r.add(frames[0]) is None
+    done = [r.add(f) for f in honest[1:]]
+
+    # Assert: the rogue evicted only its own partials; the honest payload completed
+    assert r.evicted == 48
+    assert done[-1] is not None and float(done[-1].array[0]) == 7.0
+    assert r.pending_bytes == 8_000  # the rogue's two newest
+
+
 def _rebuild(frame: bytes, **changes: object) -> bytes:
     (n,) = struct.unpack("<I", frame[4:8])
     header = json.loads(frame[8 : 8 + n])

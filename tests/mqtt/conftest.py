@@ -108,6 +108,32 @@ def observe(broker) -> Iterator:  # type: ignore[type-arg]
         obs.stop()
 
 
+def register_silent_device(broker, run: str, device_id: str) -> MqttLink:  # type: ignore[no-untyped-def]
+    """A device that registers with a FEMNIST writer's counts and answers pings (so it
+    passes admission), but never trains: it misses every deadline. Close the link to
+    make it leave."""
+    from device.data import class_counts
+    from device.protocol import Message, Ping, Pong, Register
+
+    link = MqttLink(f"silent-{device_id}", broker.host, broker.port, clean_session=True)
+    link.connect(10)
+    topics = Topics(run)
+    link.subscribe(topics.inbox(device_id))
+    counts = class_counts(next(iter(read_leaf(femnist_root() / "train").values())).y, 62)
+    body = Register(int(counts.sum()), 0, tuple(int(c) for c in counts), "ai_edge_litert", 100)
+    link.publish(topics.register(device_id), Message.of(body, run=run, sender=device_id).encode(), wait=5)
+
+    def answer_pings() -> None:
+        while link.connected:
+            item = link.receive(0.2)
+            if item is not None and isinstance((msg := decode_message(item.payload)).body, Ping):
+                pong = Message.of(Pong(msg.body.t), run=run, sender=device_id)
+                link.publish(topics.results(device_id), pong.encode())
+
+    threading.Thread(target=answer_pings, daemon=True).start()
+    return link
+
+
 def femnist_root() -> Path:
     from covey.paths import femnist_dir
 

@@ -6,27 +6,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device.data import class_counts, read_leaf
 from device.mqtt import MqttLink
-from device.protocol import Message, Register, Topics
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
-from tests.mqtt.conftest import femnist_root
+from tests.mqtt.conftest import femnist_root, register_silent_device
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
 
 
-def _register_ghost(broker, run: str, n_classes: int = 62) -> MqttLink:  # type: ignore[no-untyped-def]
-    """A device that registers and then never answers."""
-    link = MqttLink("ghost", broker.host, broker.port, clean_session=True)
-    link.connect(10)
-    counts = class_counts(next(iter(read_leaf(femnist_root() / "train").values())).y, n_classes)
-    body = Register(int(counts.sum()), 0, tuple(int(c) for c in counts), "ai_edge_litert", 100)
-    link.publish(Topics(run).register("ghost"), Message.of(body, run=run, sender="ghost").encode(), wait=5)
-    return link
+def _register_ghost(broker, run: str) -> MqttLink:  # type: ignore[no-untyped-def]
+    """A device that registers, answers its confirmation ping, and then never answers."""
+    return register_silent_device(broker, run, "ghost")
 
 
 @pytest.mark.parametrize("handoff", ["direct", "relay"])
@@ -43,7 +36,7 @@ def test_a_silent_device_is_skipped_and_the_chain_goes_on(
     ):
         strategy = make_strategy("fedgsp", train=TRAIN, beta=1, kappa=1.0, growth="linear", alpha=0.0)
         coord = Coordinator(
-            CoordinatorConfig(run, broker.host, broker.port, tmp_path / "state", handoff=handoff, deadline_s=4.0),
+            CoordinatorConfig(run, broker.host, broker.port, tmp_path / "state", handoff=handoff, deadline_s=6.0),
             strategy,
             ensure_model("mlp_femnist"),
             femnist_eval,

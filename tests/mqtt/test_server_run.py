@@ -7,7 +7,7 @@ import json
 import pytest
 
 from covey.cli import main
-from device.protocol import TrainRequest
+from device.protocol import TrainRequest, decode_message
 from server.fleet import leaf_writers, start_fleet
 from server.strategies.fedgsp import FedGSP
 from tests.mqtt.conftest import femnist_root
@@ -64,3 +64,37 @@ def test_server_run_sends_fedgsps_own_training_and_writes_its_results(broker, ob
     assert all(0 < r["federated_accuracy"] <= 1 and 0 < r["server_accuracy"] <= 1 for r in result["rounds"])
     assert (state / "results.png").stat().st_size > 10_000
     assert "results.json" in capsys.readouterr().out  # the closing summary says where the results went
+
+
+def test_allow_devices_admits_only_the_listed_devices_and_the_screening_flags_reach_the_results(
+    broker, observe, tmp_path
+) -> None:
+    # Prepare: four agents, three of them on the list; dev003 registers with valid topics but is not provisioned
+    run, root, state = "cli-allow", femnist_root(), tmp_path / "state"
+    allowed = tmp_path / "devices.txt"
+    allowed.write_text("# the boards of this run\ndev000\ndev001\n\ndev002  # the third\n")
+    observer = observe(run)
+
+    # Execute
+    with start_fleet(root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path):
+        code = main(
+            [
+                *("server", "run", "--broker", broker.address, "--run", run, "--strategy", "fedavg"),
+                *("--set", "clients_per_round=3", "--min-devices", "3", "--rounds", "2"),
+                *("--epochs", "1", "--batch", "10", "--lr", "0.01", "--state-dir", str(state)),
+                *("--allow-devices", str(allowed), "--aggregation", "median", "--norm-factor", "5"),
+                *("--register-timeout", "120"),
+            ]
+        )
+
+    # Assert
+    assert code == 0
+    inboxes = [(t, decode_message(p)) for t, p in observer.seen if t.endswith("/inbox") and p]
+    trained = {t.split("/")[-2] for t, m in inboxes if isinstance(m.body, TrainRequest)}
+    assert trained == {"dev000", "dev001", "dev002"}
+    result = json.loads((state / "results.json").read_text())
+    settings = result["settings"]
+    assert settings["allowed_devices"]["value"] == ["dev000", "dev001", "dev002"]
+    assert (settings["aggregation"]["value"], settings["norm_factor"]["value"]) == ("median", 5.0)
+    refused = sum(r["dropped"].get("registration refused: not on the allowlist", 0) for r in result["rounds"])
+    assert refused >= 1

@@ -33,6 +33,10 @@ def test_toml_config_and_overrides(tmp_path) -> None:
         ('[dataset]\nname = "synthetic"\nwriters = 3\n', "writers"),
         ("[simulation]\nrounds = 0\n", "rounds"),
         ("not = [toml", "not valid TOML"),
+        ("[screening]\nnorm_factor = 0.5\n", "above 1"),
+        ('[screening]\naggregation = "mode"\n', "aggregation must be one of"),
+        ("[screening]\nenabled = 1\n", "screening must be true or false"),
+        ("[screening]\nfactor = 3\n", "unknown \\[screening\\] key"),
     ],
 )
 def test_bad_config_files_are_refused(tmp_path, text: str, message: str) -> None:
@@ -40,6 +44,54 @@ def test_bad_config_files_are_refused(tmp_path, text: str, message: str) -> None
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         load_config(path)
+
+
+def test_screening_from_a_config_file_and_flags(tmp_path) -> None:
+    from server.simulation.run import prepare
+
+    # Prepare
+    path = tmp_path / "run.toml"
+    path.write_text('[screening]\nenabled = true\nnorm_factor = 5\naggregation = "trimmed_mean"\ntrim = 0.1\n')
+
+    # Execute
+    from_file = load_config(path)
+    flagged = from_file.with_overrides(screening=False, aggregation="median")
+    default = SimulationConfig()
+
+    # Assert
+    screening = from_file.screening_config()
+    assert (screening.norm_factor, screening.aggregation, screening.trim) == (5.0, "trimmed_mean", 0.1)
+    assert flagged.screening_config().norm_factor is None and flagged.screening_config().aggregation == "median"
+    assert default.screening_config().norm_factor == 10.0 and default.screening_config().aggregation == "mean"
+    settings = prepare(from_file).settings
+    assert settings["norm_factor"].value == 5 and settings["aggregation"].source.value == "config file"
+
+
+def test_simulate_screening_flags_reach_the_run(tmp_path) -> None:
+    code = main(
+        [
+            "simulate",
+            "--strategy",
+            "fedavg",
+            "--data",
+            "users=12",
+            "--rounds",
+            "2",
+            "--set",
+            "clients_per_round=4",
+            "--screening",
+            "off",
+            "--aggregation",
+            "median",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0
+    result = json.loads((tmp_path / "fedavg_synthetic_seed0.json").read_text())
+    assert result["settings"]["screening"] == {"value": False, "source": "flag", "detail": "command line"}
+    assert result["settings"]["aggregation"]["value"] == "median"
+    assert all("update_norm_max_ratio" not in r["extra"] for r in result["rounds"])  # no norm bound: not measured
 
 
 def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:

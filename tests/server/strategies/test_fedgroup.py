@@ -93,7 +93,7 @@ def test_flexcfl_migrates_every_shifted_warm_client_selected_or_not(monkeypatch:
     for c in ("c0", "c1"):
         ctx.counts[c] = np.array([0.0, 50.0, 50.0, 0.0])
         ctx.updates[c] = DIRECTION["B"]
-    monkeypatch.setattr(strategy.sampler, "select", lambda rnd, ids, rng: ["c5"])
+    monkeypatch.setattr(strategy.sampler, "select", lambda rnd, ids, rng, **_: ["c5"])
     ctx.count_calls.clear()
 
     # Execute

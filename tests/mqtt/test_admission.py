@@ -1,0 +1,95 @@
+"""Probe: 5,000 fake registrations. Before admission control every one became a device,
+a round sampled four of them and the run aborted at the deadline ("no client returned a
+model this round"). Now a site run refuses every id it did not provision, an open run
+admits only devices that answer their confirmation ping, and the run finishes."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from device.mqtt import MqttLink
+from device.protocol import Message, Register, Topics
+from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.fleet import leaf_writers, start_fleet
+from server.strategies import make_strategy
+from server.strategies.base import TrainConfig
+from tests.mqtt.conftest import femnist_root
+
+pytestmark = [pytest.mark.broker, pytest.mark.slow]
+FAKES = 5000
+REAL = [f"dev{i:03d}" for i in range(4)]
+
+
+def _flood(broker, run: str) -> float:  # type: ignore[no-untyped-def]
+    """Publish FAKES registrations with distinct ids; returns the seconds it took."""
+    rogue = MqttLink("rogue-registrar", broker.host, broker.port, clean_session=True)
+    rogue.connect(10)
+    topics = Topics(run)
+    counts = tuple([1] * 62)
+    start = time.monotonic()
+    for i in range(FAKES):
+        fake = f"fake{i:05d}"
+        body = Register(62, 0, counts, "ai_edge_litert", 100)
+        rogue.publish(topics.register(fake), Message.of(body, run=run, sender=fake).encode())
+    rogue.publish(topics.register("fake-last"), b"{}", wait=60)  # everything before it is on the broker
+    seconds = time.monotonic() - start
+    rogue.close()
+    return seconds
+
+
+def _handled(coord: Coordinator) -> int:
+    """Fake registrations the coordinator dealt with: admitted, refused, evicted or pending."""
+    admission = getattr(coord.registry, "admission", None)
+    waiting = len(admission.pending) if admission is not None else 0
+    return len(coord.devices) - len(REAL) + sum(coord._dropped.values()) + waiting
+
+
+@pytest.mark.parametrize("mode", ["open", "site"])
+def test_a_flood_of_fake_registrations_does_not_stop_the_run(broker, femnist_eval, tmp_path, mode: str) -> None:
+    from covey.paths import ensure_model
+
+    # Prepare
+    run, root = f"admission-{mode}", femnist_root()
+    allowed = frozenset(REAL) if mode == "site" else None
+    with start_fleet(
+        root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "logs"
+    ):
+        config = CoordinatorConfig(run, broker.host, broker.port, tmp_path / "state", deadline_s=20.0)
+        if allowed is not None:
+            config.allowed_devices = allowed
+        coord = Coordinator(
+            config,
+            make_strategy("fedavg", train=TrainConfig(1, 10, 0.01), clients_per_round=4),
+            ensure_model("mlp_femnist"),
+            femnist_eval,
+        )
+        coord.connect()
+        coord.wait_for_devices(4, timeout=120)
+
+        # Execute: the flood, then two rounds
+        flood_s = _flood(broker, run)
+        deadline = time.monotonic() + 120
+        while _handled(coord) < FAKES:
+            assert time.monotonic() < deadline, f"only {_handled(coord)} of {FAKES} fake registrations handled"
+            coord.pump(0.2)
+        coord.setup_strategy()
+        records = [coord.step() for _ in range(2)]
+        counts = dict(coord.registry.admission.counts)
+        pending = len(coord.registry.admission.pending)
+        coord.stop_devices()
+        coord.close()
+
+    # Assert: only the real devices joined, every fake is accounted for, the run finished
+    assert sorted(coord.devices) == REAL
+    assert all(r.trained == 4 and r.skipped == 0 for r in records)
+    assert np.isfinite(records[-1].server_accuracy)
+    if mode == "site":
+        assert counts == {"not on the allowlist": FAKES}
+        assert records[0].dropped["registration refused: not on the allowlist"] == FAKES
+    else:
+        assert counts["evicted before confirming"] + pending == FAKES
+        assert records[0].dropped["registration evicted before confirming"] == counts["evicted before confirming"]
+    print(f"{FAKES} fake registrations published in {flood_s:.1f} s ({mode} run)")

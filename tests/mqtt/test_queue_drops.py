@@ -1,0 +1,106 @@
+"""Messages lost to a full receive queue are logged once per burst and counted on both
+sides: in the coordinator's round record and in the agent's stats."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+import pytest
+
+from device.data import Dataset
+from device.mqtt import MqttLink
+
+pytestmark = [pytest.mark.broker]
+
+
+def _wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout} s"
+        time.sleep(0.02)
+
+
+def test_a_full_receive_queue_logs_each_burst_once_with_its_count(broker, caplog) -> None:
+    # Prepare: a link whose queue holds 5 messages, and nobody reading it
+    caplog.set_level(logging.WARNING, logger="device.mqtt")
+    slow = MqttLink("slow-reader", broker.host, broker.port, clean_session=True, max_queue=5)
+    sender = MqttLink("fast-writer", broker.host, broker.port, clean_session=True)
+    slow.connect(10)
+    sender.connect(10)
+    slow.subscribe("queue-test/#")
+    time.sleep(0.3)
+
+    # Execute: 50 messages into a queue of 5, then room again, then one more
+    for i in range(50):
+        sender.publish("queue-test/a", str(i).encode(), wait=5)
+    _wait(lambda: slow.dropped == 45, 10, "45 messages dropped")
+    while slow.receive(0.1) is not None:
+        pass
+    sender.publish("queue-test/a", b"after", wait=5)
+    _wait(lambda: any("room again" in r.getMessage() for r in caplog.records), 10, "the burst's end logged")
+    slow.close()
+    sender.close()
+
+    # Assert
+    lines = [r.getMessage() for r in caplog.records if "slow-reader" in r.getMessage()]
+    assert sum("receive queue full" in line for line in lines) == 1, lines  # once, not 45 times
+    assert sum("45 message(s) dropped" in line for line in lines) == 1, lines
+    assert slow.dropped == 45
+
+
+def test_the_receive_queue_holds_at_most_its_byte_bound(broker) -> None:
+    # Prepare: a queue of at most 250 KB, and 100 KB messages
+    slow = MqttLink("byte-bound", broker.host, broker.port, clean_session=True, max_queue_bytes=250_000)
+    sender = MqttLink("big-writer", broker.host, broker.port, clean_session=True)
+    slow.connect(10)
+    sender.connect(10)
+    slow.subscribe("bytes-test/#")
+    time.sleep(0.3)
+
+    # Execute
+    for _ in range(10):
+        sender.publish("bytes-test/a", bytes(100_000), wait=5)
+    _wait(lambda: slow.dropped == 8, 10, "8 messages dropped")
+    kept = []
+    while (item := slow.receive(0.2)) is not None:
+        kept.append(item)
+    sender.publish("bytes-test/a", bytes(100_000), wait=5)  # room again once read
+    again = slow.receive(5)
+    slow.close()
+    sender.close()
+
+    # Assert
+    assert len(kept) == 2 and again is not None
+    assert slow.dropped == 8
+
+
+def test_queue_full_drops_reach_the_round_record_and_the_agent_stats(tmp_path) -> None:
+    from covey.paths import ensure_model
+    from device.agent import Agent, AgentConfig
+    from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+    from server.strategies import make_strategy
+
+    # Prepare: a coordinator and an agent whose links lost messages (no broker needed)
+    coord = Coordinator(
+        CoordinatorConfig("qd", "127.0.0.1", 1, tmp_path / "server"),
+        make_strategy("fedavg", clients_per_round=1),
+        ensure_model("mlp_femnist"),
+    )
+    data = Dataset(np.zeros((4, 784), np.float32), np.zeros(4, np.int32))
+    agent = Agent(AgentConfig("d1", "qd", "127.0.0.1", 1, tmp_path / "agent"), data)
+
+    # Execute
+    coord.link.dropped = 7
+    first = coord.round_stats()
+    coord.link.dropped = 9
+    second = coord.round_stats()
+    agent.link.dropped = 3
+    agent.run_forever(idle_timeout=0.01)  # one pass of the loop: nothing arrives
+    agent.close()
+
+    # Assert: per round, the drops since the previous record
+    assert first.dropped == {"receive queue full": 7}
+    assert second.dropped == {"receive queue full": 2}
+    assert agent.stats.dropped == {"receive queue full": 3}

@@ -1,0 +1,184 @@
+"""Screening what devices send: the update-norm bound against the round's median, in
+parallel groups, chains and pre-training; counted per device in the round record."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from server.errors import StrategyError
+from server.rounds import RoundDriver
+from server.screening import ScreeningConfig, norm_outliers, screen_results, screen_updates
+from server.strategies import make_strategy
+from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan, TrainConfig
+from tests.server.test_retry import IDS, FakeDevices
+
+START = np.zeros(4, np.float32)
+
+
+def _parallel(updates: dict[str, float]) -> tuple[RoundPlan, list[GroupResult]]:
+    plan = RoundPlan(1, (GroupPlan(0, tuple(updates), "parallel", "g"),), {"g": START})
+    members = tuple(MemberResult(c, 10, 1.0, START + np.float32(u)) for c, u in updates.items())
+    return plan, [GroupResult(0, members)]
+
+
+def test_an_update_above_k_times_the_median_is_an_outlier() -> None:
+    bad, median = norm_outliers([1.0, 1.2, 0.9, 30.0], factor=10)
+    assert bad.tolist() == [False, False, False, True] and median == pytest.approx(1.1)
+    assert not norm_outliers([1.0, 50.0], factor=10)[0].any()  # fewer than min_updates: no bound
+    assert not norm_outliers([0.0, 0.0, 0.0, 5.0], factor=10)[0].any()  # a zero median scales nothing
+
+
+def test_a_boosted_parallel_member_loses_its_model_and_is_named() -> None:
+    # Prepare
+    plan, results = _parallel({"a": 1.0, "b": 1.1, "c": 0.9, "p": 100.0})
+
+    # Execute
+    screened, rejections, ratio = screen_results(plan, results, ScreeningConfig())
+
+    # Assert
+    kept = {m.client_id: m.weights is not None for m in screened[0].members}
+    assert kept == {"a": True, "b": True, "c": True, "p": False}  # p trained; its model is refused
+    assert [(r.devices, r.kind) for r in rejections] == [(("p",), "member")]
+    assert ratio == pytest.approx(100 / 1.05, rel=1e-5)
+
+
+def test_a_chain_whose_delta_is_far_above_the_other_chains_is_refused() -> None:
+    plan = RoundPlan(1, tuple(GroupPlan(g, (f"c{g}a", f"c{g}b"), "chain", "g") for g in range(4)), {"g": START})
+    finals = [START + 1, START + 1.2, START + 0.8, START + 50]
+    results = [
+        GroupResult(g, (MemberResult(f"c{g}a", 5, 1), MemberResult(f"c{g}b", 5, 1)), f) for g, f in enumerate(finals)
+    ]
+
+    screened, rejections, _ = screen_results(plan, results, ScreeningConfig())
+
+    assert [r.final_weights is not None for r in screened] == [True, True, True, False]
+    assert rejections[0].devices == ("c3a", "c3b") and rejections[0].kind == "chain"
+
+
+def test_without_a_norm_factor_nothing_is_screened() -> None:
+    plan, results = _parallel({"a": 1.0, "b": 1.1, "c": 0.9, "p": 100.0})
+    screened, rejections, ratio = screen_results(plan, results, ScreeningConfig(norm_factor=None))
+    assert screened == results and rejections == [] and np.isnan(ratio)
+
+
+def test_pretraining_updates_are_screened_alike() -> None:
+    updates = {c: np.full(4, 1.0 + 0.1 * i, np.float32) for i, c in enumerate("abcd")}
+    updates["p"] = np.full(4, 80.0, np.float32)
+
+    kept, rejections = screen_updates(updates, ScreeningConfig())
+
+    assert sorted(kept) == list("abcd") and rejections[0].devices == ("p",) and rejections[0].kind == "pretrain"
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"norm_factor": 1.0}, "above 1"),
+        ({"min_updates": 2}, ">= 3"),
+        ({"aggregation": "mode"}, "aggregation must be one of"),
+        ({"trim": 0.5}, r"\[0, 0.5\)"),
+    ],
+)
+def test_bad_screening_settings_are_refused(change: dict[str, object], message: str) -> None:
+    with pytest.raises(StrategyError, match=message):
+        ScreeningConfig(**change)  # type: ignore[arg-type]
+
+
+class PoisonedDevices(FakeDevices):
+    """``c0`` returns its start model plus 50 instead of plus 0.01."""
+
+    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+        out = super().execute(plan, seed=seed)
+        boosted = []
+        for r in out:
+            members = tuple(
+                MemberResult(
+                    m.client_id, m.n_samples, m.train_loss, m.weights + 50 if m.client_id == "c0" else m.weights
+                )
+                for m in r.members
+            )
+            boosted.append(GroupResult(r.group_id, members, r.final_weights, r.skipped))
+        return boosted
+
+
+@pytest.mark.parametrize("screening", [ScreeningConfig(), None])
+def test_the_driver_refuses_the_poisoner_and_counts_it_per_device(screening: ScreeningConfig | None) -> None:
+    # Prepare: every client trains every round; c0 poisons
+    driver = RoundDriver(
+        make_strategy("fedavg", train=TrainConfig(1, 10, 0.1), clients_per_round=len(IDS)),
+        PoisonedDevices(set()),
+        seed=0,
+        federated_eval_every=0,
+        screening=screening,
+    )
+    driver.setup(np.zeros(6, np.float32))
+
+    # Execute
+    record = driver.step()
+
+    # Assert
+    model = driver.strategy.global_weights
+    if screening is None:
+        assert record.rejected == {} and float(model.max()) > 5  # the mean moved far
+    else:
+        assert record.rejected == {"c0": 1}
+        assert record.dropped == {"screened: update norm": 1}
+        assert record.trained == len(IDS)
+        np.testing.assert_allclose(model, 0.01, rtol=1e-5)  # the honest mean
+
+
+def test_the_driver_sets_the_strategys_aggregation_rule() -> None:
+    driver = RoundDriver(
+        make_strategy("fedavg", train=TrainConfig(1, 10, 0.1), clients_per_round=len(IDS)),
+        PoisonedDevices(set()),
+        seed=0,
+        federated_eval_every=0,
+        screening=ScreeningConfig(norm_factor=None, aggregation="median"),
+    )
+    driver.setup(np.zeros(6, np.float32))
+
+    record = driver.step()
+
+    assert driver.strategy.aggregation == "median"
+    np.testing.assert_allclose(driver.strategy.global_weights, 0.01, rtol=1e-5)  # the median ignores c0
+    assert record.rejected == {}
+
+
+class EmptyHandedDevices(FakeDevices):
+    """``c0`` claims it trained on no samples but returns a model."""
+
+    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+        out = super().execute(plan, seed=seed)
+        return [
+            GroupResult(
+                r.group_id,
+                tuple(
+                    MemberResult(m.client_id, 0 if m.client_id == "c0" else m.n_samples, m.train_loss, m.weights)
+                    for m in r.members
+                ),
+                r.final_weights,
+                r.skipped,
+            )
+            for r in out
+        ]
+
+
+@pytest.mark.parametrize("name", ["dsc", "fedavg"])
+def test_a_model_trained_on_no_samples_is_left_out_instead_of_ending_the_run(name: str) -> None:
+    # Prepare: DSC's Eq. 4 refused a zero sample count with an error that ended the run
+    driver = RoundDriver(
+        make_strategy(name, train=TrainConfig(1, 10, 0.1), clients_per_round=len(IDS)),
+        EmptyHandedDevices(set()),
+        seed=0,
+        federated_eval_every=0,
+        screening=None,
+    )
+    driver.setup(np.zeros(6, np.float32))
+
+    # Execute
+    record = driver.step()
+
+    # Assert
+    assert record.rejected == {"c0": 1} and record.dropped == {"screened: no samples": 1}
+    np.testing.assert_allclose(driver.strategy.global_weights, 0.01, rtol=1e-5)
