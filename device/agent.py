@@ -28,12 +28,16 @@ from typing import Any
 from device.artifact import ArtifactDownload
 from device.data import Dataset, class_counts
 from device.errors import CoveyError, ModelError, ProtocolError, TransportError
+from device.link import read_wifi
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
+from device.probing import LinkProber, send_probe_frame
 from device.protocol import (
     PROTOCOL_VERSION,
     SERVER_ID,
     Ack,
     EvaluateRequest,
+    FrameHeader,
+    LinkProbeRequest,
     Message,
     Ping,
     Pong,
@@ -104,6 +108,7 @@ class Agent:
         self._shared_subscribed: set[str] = set()
         self._server_epoch: str | None = None
         self.running = True
+        self.prober: LinkProber | None = None  # the link-probe request in progress
         self.exit_reason: str | None = None  # set when the server tells the agent to leave for good
         self.worker = ModelWorker(config.train_priority, name=f"covey-model-{config.device_id}")
         config.state_dir.mkdir(parents=True, exist_ok=True)
@@ -165,7 +170,11 @@ class Agent:
             if self.link.connections > connections:  # reconnected: what the broker may have lost goes again
                 connections = self.link.connections
                 self._redeliver_held("reconnected")
-            item = self.link.receive(timeout=1.0)
+            probing = self.prober is not None and not self.prober.done
+            if probing:
+                assert self.prober is not None
+                self.prober.tick()
+            item = self.link.receive(timeout=0.05 if probing else 1.0)
             self.stats.queue_full(self.link.dropped)
             if item is None:
                 if idle_timeout is not None and time.monotonic() - last > idle_timeout:
@@ -294,6 +303,13 @@ class Agent:
             log.info("%s: the server holds %d of my results; forgot them", self.me, n)
         elif isinstance(body, (TrainRequest, PretrainRequest, EvaluateRequest)):
             self._accept_request(body, msg.round)
+        elif isinstance(body, LinkProbeRequest):
+            if self.prober is not None and not self.prober.done:
+                log.info("%s: a new link probe request replaces %s", self.me, self.prober.task_id)
+            self.prober = LinkProber(
+                self.me, self.topics, body, msg.round, publish=self._publish, send=self._send, wifi=read_wifi
+            )
+            self.prober.start()
         else:
             raise ProtocolError(f"devices do not handle {msg.type!r} messages")
 
@@ -319,6 +335,10 @@ class Agent:
         payload = self._frames.add(frame, sender=sender)
         if payload is None:
             return
+        h = payload.header
+        if h.kind in ("probe", "echo"):
+            self._on_probe_frame(payload.header, sender)
+            return
         try:
             runner = self._work()
             ready = self._waiting.accept(payload, runner.model.n_params)
@@ -336,6 +356,25 @@ class Agent:
                     runner.train(task.request, task.round, task.weights)
         finally:
             self._drop_unused_shared()
+
+    def _on_probe_frame(self, h: FrameHeader, sender: str) -> None:
+        """Echo a peer's link probe at once; hand an echo to the prober that waits for it."""
+        task_id = h.extra.task_id or ""
+        if h.kind == "probe":
+            if sender == SERVER_ID:
+                raise ProtocolError("the server sends echoes, not probes")
+            send_probe_frame(
+                self._publish,
+                self.topics.handoff(sender, self.me),
+                kind="echo",
+                run=self.cfg.run,
+                sender=self.me,
+                task_id=task_id,
+                index=h.extra.index,
+                size=0,
+            )
+        elif self.prober is None or not self.prober.on_echo(task_id, h.extra.index, sender):
+            self.stats.drop("echo of no probe in flight")  # late, after its probe timed out
 
     def _drop_unused_shared(self) -> None:
         """Unsubscribe from shared models no waiting task needs any more."""

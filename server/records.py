@@ -80,15 +80,19 @@ def write_run(
     settings: Mapping[str, Setting],
     title: str,
     plot: bool = True,
+    links: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
-    """Write ``<stem>.json``, ``<stem>.csv`` and (with ``plot``) ``<stem>.png``."""
+    """Write ``<stem>.json``, ``<stem>.csv`` and (with ``plot``) ``<stem>.png``;
+    ``links``: the link matrices grouping used (:meth:`server.links.LinkMatrices.to_dict`)."""
     rows = [asdict(r) for r in records]
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "png")}
-    doc = {
+    doc: dict[str, Any] = {
         "settings": {k: s.as_dict() for k, s in sorted(settings.items())},
         "summary": summary(records),
         "rounds": rows,
     }
+    if links is not None:
+        doc["links"] = dict(links)
     atomic_write(paths["json"], (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
     flat = [_flat(r) for r in rows]
     keys = sorted({k for r in flat for k in r}, key=lambda k: (k != "round", k))

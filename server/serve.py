@@ -198,7 +198,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 bar.refresh()
 
             coord.wait_for_devices(o.min_devices, o.register_timeout, progress=registered)
-        coord.measure_rtt()
+        coord.measure_links()
         if not resumed:
             coord.setup_strategy()
         coord.driver.last_round = o.rounds
@@ -215,11 +215,19 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     settings=prepared.settings,
                     title=title,
                     plot=False,
+                    links=coord.link_matrices.to_dict() if coord.link_matrices else None,
                 )
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
                 bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)
-        write_run(o.state_dir, RESULTS_STEM, records=coord.records, settings=prepared.settings, title=title)
+        write_run(
+            o.state_dir,
+            RESULTS_STEM,
+            records=coord.records,
+            settings=prepared.settings,
+            title=title,
+            links=coord.link_matrices.to_dict() if coord.link_matrices else None,
+        )
         coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord
     finally:

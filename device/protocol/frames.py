@@ -33,8 +33,8 @@ log = logging.getLogger("covey.protocol")
 MAGIC = b"CVY2"
 DEFAULT_MAX_CHUNK = 900_000  # bytes of payload per frame: under a 1 MB broker packet limit
 MAX_HEADER = 4096
-FrameKind = Literal["model", "update", "artifact", "handoff", "result"]
-FRAME_KINDS: tuple[str, ...] = ("model", "update", "artifact", "handoff", "result")
+FrameKind = Literal["model", "update", "artifact", "handoff", "result", "probe", "echo"]
+FRAME_KINDS: tuple[str, ...] = ("model", "update", "artifact", "handoff", "result", "probe", "echo")
 Dtype = Literal["float32", "uint8"]
 DTYPES = {"float32": np.float32, "uint8": np.uint8}
 Codec = Literal["raw"]  # the payload is the array's raw little-endian bytes
@@ -49,7 +49,9 @@ class FrameExtra:
     to its successor): ``task_id`` of the *successor's* task and ``position`` of the
     sender in the chain. ``result`` (device to its group manager): the sender's own
     ``task_id`` and ``position``. ``update`` (pre-training reply): ``task_id``.
-    ``artifact``: nothing."""
+    ``artifact``: nothing. ``probe`` (a link measurement, device to server or peer,
+    uint8 filler) and ``echo`` (its empty answer): ``task_id`` of the link-probe
+    request and ``index``, the probe's sequence number."""
 
     task_id: Annotated[str, Identifier("task id")] | None = None
     index: Annotated[int, AtLeast(0)] = 0
@@ -61,6 +63,8 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "handoff": ("task_id", "position"),
     "result": ("task_id", "position"),
     "update": ("task_id",),
+    "probe": ("task_id",),
+    "echo": ("task_id",),
 }
 
 

@@ -276,6 +276,90 @@ class Ack:
     task_ids: Annotated[tuple[TaskId, ...], MaxLen(1000)]
 
 
+# -- link measurement (docs/links.md) ------------------------------------------------------
+MAX_PROBE_BYTES = 4 * 2**20
+ProbeTarget = Annotated[str, Identifier("probe target")]  # "server" or a device id
+
+
+@dataclass(frozen=True)
+class LinkProbeRequest:
+    """Server to device: measure the path to the server and to each of ``peers``.
+
+    Per target, ``probes`` empty probe frames (RTT: median and interquartile range)
+    and, with ``payload_bytes`` > 0, one probe of that many bytes (goodput: its bytes
+    over its time less the median RTT). A probe not echoed within ``timeout_s`` counts
+    as lost. Probes travel the way models do: to the server on the device's frames
+    topic, to a peer on the direct hand-off topic."""
+
+    task_id: TaskId
+    peers: Annotated[tuple[DeviceId, ...], MaxLen(256)] = ()
+    probes: Annotated[int, AtLeast(1)] = 3
+    payload_bytes: Annotated[int, AtLeast(0)] = 256 * 1024
+    timeout_s: Annotated[float, Above(0)] = 5.0
+
+    def __post_init__(self) -> None:
+        if self.probes > 16:
+            raise ValueError(f"probes must be at most 16, got {self.probes}")
+        if self.payload_bytes > MAX_PROBE_BYTES:
+            raise ValueError(f"payload_bytes must be at most {MAX_PROBE_BYTES}, got {self.payload_bytes}")
+        if self.timeout_s > 60:
+            raise ValueError(f"timeout_s must be at most 60, got {self.timeout_s}")
+
+
+@dataclass(frozen=True)
+class PathReport:
+    """What one path measured; ``None``: not measured (every probe lost, or no goodput probe)."""
+
+    target: ProbeTarget
+    sent: Count
+    answered: Count
+    rtt_ms: float | None = None  # median
+    rtt_spread_ms: float | None = None  # interquartile range
+    goodput_bps: float | None = None  # payload bits per second of the goodput probe
+
+    def __post_init__(self) -> None:
+        if self.answered > self.sent or self.sent > 32:
+            raise ValueError(f"{self.target}: {self.answered} of {self.sent} probes answered is impossible")
+        for name in ("rtt_ms", "rtt_spread_ms"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= 600_000:
+                raise ValueError(f"{self.target}: {name} {value} is not between 0 and 600000 ms")
+        if self.goodput_bps is not None and not 0 < self.goodput_bps <= 1e12:
+            raise ValueError(f"{self.target}: goodput {self.goodput_bps} bit/s is not between 0 and 1e12")
+
+
+@dataclass(frozen=True)
+class WifiInfo:
+    """The device's Wi-Fi as its platform reports it (``device/link.py``)."""
+
+    interface: Annotated[str, MaxLen(32)]
+    source: Literal["/proc/net/wireless", "iw", "termux"]
+    signal_dbm: float | None = None
+    noise_dbm: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("signal_dbm", "noise_dbm"):
+            value = getattr(self, name)
+            if value is not None and not -150 <= value <= 30:
+                raise ValueError(f"Wi-Fi {name} {value} is not a level between -150 and 30 dBm")
+
+    @property
+    def snr_db(self) -> float | None:
+        """Signal over noise, where the platform reports both."""
+        if self.signal_dbm is None or self.noise_dbm is None:
+            return None
+        return self.signal_dbm - self.noise_dbm
+
+
+@dataclass(frozen=True)
+class LinkReport:
+    """Device to server: the answer to a :class:`LinkProbeRequest`."""
+
+    task_id: TaskId
+    paths: Annotated[tuple[PathReport, ...], MaxLen(257)]
+    wifi: WifiInfo | None = None
+
+
 BODY_TYPES: dict[str, Any] = {
     "register": Register,
     "result": Result,
@@ -289,6 +373,8 @@ BODY_TYPES: dict[str, Any] = {
     "assignment": Assignment,
     "status": ServerStatus,
     "ack": Ack,
+    "link_probe": LinkProbeRequest,
+    "link_report": LinkReport,
 }
 MessageType = Literal[
     "register",
@@ -303,6 +389,8 @@ MessageType = Literal[
     "assignment",
     "status",
     "ack",
+    "link_probe",
+    "link_report",
 ]
 MESSAGE_TYPES: tuple[str, ...] = tuple(BODY_TYPES)
 _TYPE_OF: dict[type, str] = {cls: name for name, cls in BODY_TYPES.items() if isinstance(cls, type)} | {

@@ -34,10 +34,13 @@ from device.data import Dataset
 from device.errors import CoveyError, ProtocolError, TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
+from device.probing import send_probe_frame
 from device.protocol import (
     SERVER_ID,
     Ack,
     EvalRow,
+    LinkProbeRequest,
+    LinkReport,
     Message,
     Payload,
     Ping,
@@ -60,6 +63,7 @@ from server.coordinator.persistence import Persistence
 from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
+from server.links import DEFAULT_BANDWIDTH_HZ, LinkBook, LinkMatrices
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
@@ -97,6 +101,14 @@ class CoordinatorConfig:
     # and how many plans a round may take when every sampled device fails
     screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)
     round_attempts: int = 3
+    # link measurement (server/links.py, docs/links.md): probes per path, the goodput
+    # probe's bytes (at most one model), seconds before a probe counts as lost, rounds
+    # between refreshes (0: only before round 1) and Shannon's B for the effective SNR
+    link_probes: int = 3
+    link_probe_bytes: int = 256 * 1024
+    link_probe_timeout_s: float = 5.0
+    links_every: int = 0
+    link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
 
 
 class Coordinator(Persistence):
@@ -163,6 +175,9 @@ class Coordinator(Persistence):
             task_prefix=self.epoch,
         )
         self.execution = RoundExecution(self, self.shared)
+        self.linkbook = LinkBook(config.link_bandwidth_hz)
+        self.link_matrices: LinkMatrices | None = None  # the last measurement's
+        self._link_requests = 0
         self.driver = RoundDriver(
             strategy,
             self,
@@ -296,8 +311,12 @@ class Coordinator(Persistence):
             self._on_register(device, msg.body)
         elif isinstance(msg.body, Pong):
             confirmed = self.registry.pong(device, msg.body)
+            self.linkbook.add_rtt(device, self.devices[device].rtt_ms)
             if confirmed is not None and self._started:
                 self.strategy.add_client(confirmed)  # a newcomer passed admission
+        elif isinstance(msg.body, LinkReport):
+            if not self.linkbook.on_report(device, msg.body):
+                raise ProtocolError(f"link report {msg.body.task_id!r} from {device}, which was not asked for it")
         elif msg.type == "result":
             self._on_result(device, msg)
         else:
@@ -331,6 +350,18 @@ class Coordinator(Persistence):
     def _on_frame(self, device: str, payload: Payload) -> None:
         self.registry.known(device)
         h = payload.header
+        if h.kind == "probe":  # a device measuring its link to the server: answer at once
+            send_probe_frame(
+                self._publish,
+                self.topics.frames(device),
+                kind="echo",
+                run=self.cfg.run,
+                sender=SERVER_ID,
+                task_id=h.extra.task_id or "",
+                index=h.extra.index,
+                size=0,
+            )
+            return
         weights = check_weights(payload, self.manifest.n_params)
         if h.kind == "update":
             if not self.requests.on_update(device, h.extra.task_id or "", weights):
@@ -368,6 +399,47 @@ class Coordinator(Persistence):
         while time.monotonic() < deadline and any(np.isnan(self.devices[d].rtt_ms) for d in self.ready_devices()):
             self.pump(0.1)
 
+    def measure_links(self, timeout: float | None = None) -> LinkMatrices:
+        """Measure Γ and the RTT matrix (:mod:`server.links`): pings from here, and every
+        ready device probes the server and each peer. A device that does not report
+        within ``timeout`` (default: enough for every probe to time out) keeps what was
+        measured before, or filled entries; the log says which."""
+        ids = self.ready_devices()
+        c = self.cfg
+        for _ in range(c.link_probes):
+            for device in ids:
+                msg = Message.of(Ping(time.time()), run=c.run, sender=SERVER_ID, round=self.round)
+                self._publish(self.topics.inbox(device), msg.encode())
+        self._link_requests += 1
+        task_id = f"{self.epoch}-links{self._link_requests}"
+        size = min(c.link_probe_bytes, 4 * self.manifest.n_params)  # the server reassembles at most one model
+        for device in ids:
+            request = LinkProbeRequest(
+                task_id,
+                tuple(p for p in ids if p != device),
+                c.link_probes,
+                size,
+                c.link_probe_timeout_s,
+            )
+            self.linkbook.pending[device] = task_id
+            self._publish(self.topics.inbox(device), Message.of(request, run=c.run, sender=SERVER_ID).encode())
+        budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * len(ids) + 10
+        deadline = time.monotonic() + budget
+        while self.linkbook.pending and time.monotonic() < deadline:
+            self.pump(0.05)
+        for device in sorted(self.linkbook.pending):
+            log.warning(
+                "no link report from %s within %.0f s; its links are filled from the others' (see links)",
+                device,
+                budget,
+            )
+        self.linkbook.pending.clear()
+        m = self.link_matrices = self.linkbook.matrices(ids)
+        log.info("links measured: SNR entries %s; RTT entries %s", m.counts("snr"), m.counts("rtt"))
+        if m.snr_db is None:
+            log.warning("no link SNR could be measured: SNR-aware grouping (DSC) groups by data only")
+        return m
+
     # -- the round driver's backend ---------------------------------------------------------
     def clients(self) -> Sequence[ClientInfo]:
         return [self.devices[d].info for d in self.ready_devices()]
@@ -391,10 +463,14 @@ class Coordinator(Persistence):
         return {c: self.devices[c].info.class_counts for c in client_ids}
 
     def snr_matrix(self) -> np.ndarray | None:
-        return None  # boards report no SNR through a portable API yet; DSC then groups by data only
+        """Γ over the current devices (sorted), from the link measurements."""
+        return self.linkbook.matrices(self.ready_devices()).snr_db
 
     def distance_matrix(self) -> np.ndarray | None:
-        return self.registry.distance_matrix()
+        """The RTT matrix over the current devices: measured between peers where
+        measured, else through the server (``rtt_i + rtt_j``)."""
+        rtt = self.linkbook.matrices(self.ready_devices()).rtt_ms
+        return rtt if rtt is not None else self.registry.distance_matrix()
 
     def round_stats(self) -> RoundStats:
         queue_full, self._queue_dropped = self.link.dropped - self._queue_dropped, self.link.dropped
@@ -424,6 +500,9 @@ class Coordinator(Persistence):
         self.checkpoint()
         self._acknowledge()
         self.execution.task_prefix = self.epoch
+        every = self.cfg.links_every
+        if every > 0 and record.round % every == 0:
+            self.measure_links()  # links change: a refresh before the strategy regroups
         log.info(
             "round %d: server accuracy %.2f%%, federated %.2f%%, %d groups, %d trained, %d skipped, %.1f s",
             record.round,

@@ -20,9 +20,12 @@ from device.protocol import (
     EvaluateRequest,
     EvaluateResult,
     FrameExtra,
+    LinkProbeRequest,
+    LinkReport,
     LocalTraining,
     ManagerHop,
     Message,
+    PathReport,
     Ping,
     Pong,
     PretrainRequest,
@@ -33,6 +36,7 @@ from device.protocol import (
     Stop,
     TrainRequest,
     TrainResult,
+    WifiInfo,
     decode_message,
     encode_frames,
 )
@@ -56,6 +60,12 @@ EXAMPLES = [
     Assignment(-1),
     ServerStatus("e1f2", "running", model_sha256="cd" * 32),
     Ack(("t1", "t2")),
+    LinkProbeRequest("lp1", ("dev001", "dev002"), 3, 262_144, 5.0),
+    LinkReport(
+        "lp1",
+        (PathReport("server", 4, 4, 2.5, 0.3, 4.2e7), PathReport("dev002", 4, 0)),
+        WifiInfo("wlan0", "/proc/net/wireless", -61.0, -92.0),
+    ),
 ]
 
 
@@ -100,6 +110,12 @@ def test_each_body_round_trips_and_validates_against_the_schema(body, validator)
         (EXAMPLES[3], {"evaluations": [{"index": "0", "loss": 1, "correct": 1, "n": 1}]}, "index must be an integer"),
         (EXAMPLES[8], {"split": "validation"}, "split must be one of"),
         (EXAMPLES[8], {"n_models": 2, "shared": ["k1"]}, "1 shared keys for 2 models"),
+        (EXAMPLES[15], {"probes": 17}, "probes must be at most 16"),
+        (EXAMPLES[15], {"peers": "dev001"}, "peers must be a list"),
+        (EXAMPLES[16], {"paths": [{"target": "server", "sent": 2, "answered": 3}]}, "3 of 2 probes answered"),
+        (EXAMPLES[16], {"paths": [{"target": "server", "sent": 1, "answered": 1, "rtt_ms": -4}]}, "not between 0"),
+        (EXAMPLES[16], {"paths": [{"target": "a/b", "sent": 1, "answered": 1}]}, "probe target"),
+        (EXAMPLES[16], {"wifi": {"interface": "wlan0", "source": "iw", "signal_dbm": 400}}, "not a level"),
     ],
 )
 def test_a_bad_body_is_refused_by_the_code_and_by_the_schema(body, change, message, validator) -> None:
@@ -107,7 +123,10 @@ def test_a_bad_body_is_refused_by_the_code_and_by_the_schema(body, change, messa
     raw["body"].update(change)
     with pytest.raises(ProtocolError, match=message):
         decode_message(json.dumps(raw).encode())
-    if "sum to" not in message and "shared keys" not in message:  # cross-field rules are the code's alone
+    code_only = ("sum to", "shared keys", "at most", "probes answered", "not between", "not a level")
+    if not any(
+        rule in message for rule in code_only
+    ):  # cross-field and range rules are the code's alone  # cross-field rules are the code's alone
         assert not validator.is_valid(raw)
 
 

@@ -63,6 +63,8 @@ def test_server_run_sends_fedgsps_own_training_and_writes_its_results(broker, ob
     assert [r["round"] for r in result["rounds"]] == [1, 2]
     assert all(0 < r["federated_accuracy"] <= 1 and 0 < r["server_accuracy"] <= 1 for r in result["rounds"])
     assert (state / "results.png").stat().st_size > 10_000
+    links = result["links"]  # measured before round 1, stored with the results
+    assert links["ids"] == [f"dev{i:03d}" for i in range(4)] and links["counts"]["rtt"]["measured"] == 12
     assert "results.json" in capsys.readouterr().out  # the closing summary says where the results went
 
 

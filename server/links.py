@@ -1,0 +1,247 @@
+"""The link matrices grouping uses: Γ (SNR, dB) and RTT (ms), built from measurements.
+
+DSC (Sun et al., Sec. III-A) builds Γ "by transmitting gradients among the clients and
+from the client to the BS in the first communication round": the diagonal is the
+client-to-server link, the off-diagonal entries client-to-client links. covey measures
+exactly that on the real network (:mod:`device.probing`): each device times a probe of
+a few hundred kilobytes to the server and to every peer along the path a model takes,
+and the goodput ``C`` becomes an *effective* SNR through Shannon's ``C = B·log2(1 +
+SNR)`` with a stated bandwidth ``B`` (:func:`device.link.effective_snr_db`; 20 MHz, one
+Wi-Fi channel, unless set). FedAvg-IC (Lee et al., Eq. 3) and HierFAVG take the RTT
+matrix as the communication distance.
+
+Every entry says where it came from (:data:`EntrySource`):
+
+``measured``        the device's own probe to that target
+``reverse``         the other direction's probe (links through one broker are close to symmetric)
+``via server``      RTT only: the two devices' RTTs to the server added (the path through the broker)
+``bottleneck``      Γ only: the weaker of the two devices' server links (a model between them crosses both)
+``wifi``            Γ diagonal only: the device's Wi-Fi SNR, when its server goodput is unknown
+``worst measured``  nothing else known: the worst value measured anywhere (never a favourable guess)
+``self``            the diagonal of the RTT matrix (0)
+
+Pure functions over what was measured; :class:`LinkBook` is the coordinator's store.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+from device.link import effective_snr_db, rtt_stats
+from device.protocol import SERVER_ID, LinkReport, PathReport
+
+EntrySource = Literal["measured", "reverse", "via server", "bottleneck", "wifi", "worst measured", "self", "missing"]
+DEFAULT_BANDWIDTH_HZ = 20e6
+
+
+@dataclass(frozen=True)
+class LinkMatrices:
+    """Γ and RTT over ``ids`` (sorted device ids, the strategies' order), each entry
+    with its :data:`EntrySource`. ``snr_db`` / ``rtt_ms`` are ``None`` when not one
+    entry of that kind was measured: grouping then uses what else it has."""
+
+    ids: tuple[str, ...]
+    bandwidth_hz: float
+    snr_db: np.ndarray | None
+    snr_source: np.ndarray  # dtype object: EntrySource per entry
+    rtt_ms: np.ndarray | None
+    rtt_source: np.ndarray
+    measured_at: float = field(default_factory=time.time)
+
+    def counts(self, kind: Literal["snr", "rtt"]) -> dict[str, int]:
+        """How many entries came from each source (diagonal included)."""
+        src = self.snr_source if kind == "snr" else self.rtt_source
+        values, n = np.unique(src.astype(str), return_counts=True)
+        return {str(v): int(c) for v, c in zip(values, n, strict=True)}
+
+    def to_dict(self) -> dict[str, Any]:
+        def nested(m: np.ndarray | None) -> list[list[float | None]] | None:
+            if m is None:
+                return None
+            return [[None if not math.isfinite(v) else round(float(v), 3) for v in row] for row in m]
+
+        return {
+            "ids": list(self.ids),
+            "bandwidth_hz": self.bandwidth_hz,
+            "measured_at": self.measured_at,
+            "snr_db": nested(self.snr_db),
+            "snr_source": self.snr_source.tolist(),
+            "rtt_ms": nested(self.rtt_ms),
+            "rtt_source": self.rtt_source.tolist(),
+            "counts": {"snr": self.counts("snr"), "rtt": self.counts("rtt")},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> LinkMatrices:
+        def array(m: Any) -> np.ndarray | None:
+            return None if m is None else np.array([[np.nan if v is None else v for v in row] for row in m], float)
+
+        return cls(
+            tuple(raw["ids"]),
+            float(raw["bandwidth_hz"]),
+            array(raw["snr_db"]),
+            np.array(raw["snr_source"], dtype=object),
+            array(raw["rtt_ms"]),
+            np.array(raw["rtt_source"], dtype=object),
+            float(raw.get("measured_at", 0.0)),
+        )
+
+    def table(self) -> str:
+        """Both matrices as text, each entry marked by its source (``*`` measured)."""
+        mark = {"measured": "*", "self": " ", "reverse": "r", "via server": "s", "bottleneck": "b", "wifi": "w"}
+        lines = []
+        for title, m, src, unit in (
+            ("SNR Γ", self.snr_db, self.snr_source, "dB"),
+            ("RTT", self.rtt_ms, self.rtt_source, "ms"),
+        ):
+            lines.append(f"{title} ({unit}; diagonal: device to server)" if unit == "dB" else f"{title} ({unit})")
+            if m is None:
+                lines.append("  not measured")
+                continue
+            width = max(8, *(len(i) for i in self.ids))
+            lines.append(" " * width + "".join(f"{i[:9]:>10}" for i in self.ids))
+            for i, row in enumerate(m):
+                cells = "".join(
+                    f"{v:>9.1f}{mark.get(str(src[i, j]), '?')}" if math.isfinite(v) else f"{'-':>9} "
+                    for j, v in enumerate(row)
+                )
+                lines.append(f"{self.ids[i]:<{width}}{cells}")
+        lines.append(
+            "* measured  r reverse direction  s via the server  b bottleneck of both server links  w Wi-Fi SNR  "
+            "? worst measured"
+        )
+        return "\n".join(lines)
+
+
+def _path(report: LinkReport | None, target: str) -> PathReport | None:
+    if report is None:
+        return None
+    for p in report.paths:
+        if p.target == target:
+            return p
+    return None
+
+
+def _snr_of(path: PathReport | None, n_bytes: int, bandwidth_hz: float) -> float:
+    if path is None or path.goodput_bps is None:
+        return math.nan
+    # the goodput as a transfer of n_bytes: effective_snr_db needs bytes and seconds
+    seconds = 8.0 * n_bytes / path.goodput_bps
+    snr = effective_snr_db(n_bytes, seconds, bandwidth_hz)
+    return math.nan if snr is None else snr
+
+
+def build_link_matrices(
+    ids: Sequence[str],
+    reports: Mapping[str, LinkReport],
+    server_rtt_ms: Mapping[str, float],
+    bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ,
+) -> LinkMatrices:
+    """Γ and RTT from link reports and the server's own RTT measurements.
+
+    Parameters
+    ----------
+    ids : the devices, in the order the matrices take (sorted, as strategies index).
+    reports : each device's latest :class:`LinkReport` (missing: not reported).
+    server_rtt_ms : median RTT server-device of the server's pings (missing: unknown).
+    bandwidth_hz : ``B`` of Shannon's capacity for the effective SNR.
+
+    Returns
+    -------
+    The matrices and the source of each entry (see the module docstring).
+    """
+    n = len(ids)
+    unit = 1_000_000  # any size: the SNR depends on the goodput only
+    snr = np.full((n, n), np.nan)
+    rtt = np.full((n, n), np.nan)
+    snr_src = np.full((n, n), "missing", dtype=object)
+    rtt_src = np.full((n, n), "missing", dtype=object)
+    to_server = np.full(n, np.nan)
+    for i, d in enumerate(ids):
+        report = reports.get(d)
+        snr[i, i] = _snr_of(_path(report, SERVER_ID), unit, bandwidth_hz)
+        if math.isfinite(snr[i, i]):
+            snr_src[i, i] = "measured"
+        elif report is not None and report.wifi is not None and report.wifi.snr_db is not None:
+            snr[i, i], snr_src[i, i] = report.wifi.snr_db, "wifi"
+        path = _path(report, SERVER_ID)
+        mine = server_rtt_ms.get(d, math.nan)
+        to_server[i] = mine if math.isfinite(mine) else (path.rtt_ms if path and path.rtt_ms is not None else math.nan)
+        rtt[i, i], rtt_src[i, i] = 0.0, "self"
+        for j, peer in enumerate(ids):
+            if i == j:
+                continue
+            p = _path(report, peer)
+            s = _snr_of(p, unit, bandwidth_hz)
+            if math.isfinite(s):
+                snr[i, j], snr_src[i, j] = s, "measured"
+            if p is not None and p.rtt_ms is not None:
+                rtt[i, j], rtt_src[i, j] = p.rtt_ms, "measured"
+    for i in range(n):
+        for j in range(n):
+            if i == j:
+                continue
+            if snr_src[i, j] == "missing" and snr_src[j, i] == "measured":
+                snr[i, j], snr_src[i, j] = snr[j, i], "reverse"
+            if rtt_src[i, j] == "missing" and rtt_src[j, i] == "measured":
+                rtt[i, j], rtt_src[i, j] = rtt[j, i], "reverse"
+            if snr_src[i, j] == "missing" and math.isfinite(snr[i, i]) and math.isfinite(snr[j, j]):
+                snr[i, j], snr_src[i, j] = min(snr[i, i], snr[j, j]), "bottleneck"
+            if rtt_src[i, j] == "missing" and math.isfinite(to_server[i]) and math.isfinite(to_server[j]):
+                rtt[i, j], rtt_src[i, j] = to_server[i] + to_server[j], "via server"
+    any_snr = bool(np.isin(snr_src, ["measured", "wifi"]).any())
+    any_rtt = bool((rtt_src == "measured").any()) or bool(np.isfinite(to_server).any())
+    for m, src, found, worst in ((snr, snr_src, any_snr, np.nanmin), (rtt, rtt_src, any_rtt, np.nanmax)):
+        if found:
+            fill = float(worst(m[np.isfinite(m) & (src != "self")])) if (np.isfinite(m) & (src != "self")).any() else 0
+            holes = src == "missing"
+            m[holes], src[holes] = fill, "worst measured"
+    return LinkMatrices(
+        tuple(ids),
+        float(bandwidth_hz),
+        snr if any_snr else None,
+        snr_src,
+        rtt if any_rtt else None,
+        rtt_src,
+    )
+
+
+@dataclass
+class LinkBook:
+    """The coordinator's link measurements: server-side RTT samples and device reports."""
+
+    bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
+    reports: dict[str, LinkReport] = field(default_factory=dict)
+    rtt_samples: dict[str, list[float]] = field(default_factory=dict)
+    pending: dict[str, str] = field(default_factory=dict)  # device -> task id of the probe request it owes
+
+    def add_rtt(self, device: str, ms: float) -> None:
+        if math.isfinite(ms) and ms >= 0:
+            samples = self.rtt_samples.setdefault(device, [])
+            samples.append(ms)
+            del samples[:-16]  # the latest probes
+
+    def server_rtt_ms(self) -> dict[str, float]:
+        out = {}
+        for d, samples in self.rtt_samples.items():
+            stats = rtt_stats(samples)
+            if stats is not None:
+                out[d] = stats.median_ms
+        return out
+
+    def on_report(self, device: str, report: LinkReport) -> bool:
+        """Keep ``device``'s report if it answers the request it owes (else False: stale)."""
+        if self.pending.get(device) != report.task_id:
+            return False
+        del self.pending[device]
+        self.reports[device] = report
+        return True
+
+    def matrices(self, ids: Sequence[str]) -> LinkMatrices:
+        return build_link_matrices(sorted(ids), self.reports, self.server_rtt_ms(), self.bandwidth_hz)
