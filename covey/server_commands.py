@@ -154,6 +154,8 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         max_devices=args.max_devices,
         screening=_screening(args),
         round_attempts=args.round_attempts,
+        links_every=args.links_every,
+        link_bandwidth_hz=args.link_bandwidth_mhz * 1e6,
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
@@ -196,6 +198,36 @@ def _screening(args: argparse.Namespace) -> ScreeningConfig:
         )
     except CoveyError as exc:
         raise CoveyError(f"{exc} (--norm-factor, --aggregation, --trim)") from exc
+
+
+def _cmd_links(args: argparse.Namespace) -> int:
+    """Print the link matrices a run measured (its ``results.json``)."""
+    import json
+
+    from server.links import LinkMatrices
+
+    path = Path(args.results)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        doc = json.loads(path.read_text())
+    except OSError as exc:
+        raise CoveyError(
+            f"{path}: cannot read it ({exc.strerror or exc}); give a run's state dir or results.json"
+        ) from exc
+    except ValueError as exc:
+        raise CoveyError(f"{path} is not a covey results file ({exc})") from exc
+    raw = doc.get("links") if isinstance(doc, dict) else None
+    if raw is None:
+        raise CoveyError(f"{path} holds no link measurements (a run of covey server run, or simulate --topology)")
+    try:
+        matrices = LinkMatrices.from_dict(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CoveyError(f"{path}: its links are malformed ({exc})") from exc
+    print(f"links of {path} ({len(matrices.ids)} devices, B = {matrices.bandwidth_hz / 1e6:g} MHz)")
+    print(matrices.table())
+    print(f"entries by source: SNR {matrices.counts('snr')}, RTT {matrices.counts('rtt')}")
+    return 0
 
 
 def _cmd_conformance(args: argparse.Namespace) -> int:
@@ -296,8 +328,31 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="N",
         help="plans per round at most when every sampled device fails (default 3)",
     )
+    p.add_argument(
+        "--links-every",
+        type=int,
+        default=0,
+        metavar="N",
+        help="measure the links again every N rounds (default 0: once, before round 1; see docs/links.md)",
+    )
+    p.add_argument(
+        "--link-bandwidth-mhz",
+        type=float,
+        default=20.0,
+        metavar="B",
+        help="Shannon bandwidth that turns measured goodput into an effective SNR (default 20, one Wi-Fi channel)",
+    )
     add_screening_flags(p)
     p.set_defaults(func=_cmd_server_run)
+
+    p = sub.add_parser(
+        "links",
+        help="print the SNR and RTT matrices a run measured, each entry marked measured or filled",
+        description="Reads RESULTS (a run's state dir or its results.json, written by covey server run) and "
+        "prints Γ (effective SNR, dB; diagonal: device to server) and the RTT matrix (ms).",
+    )
+    p.add_argument("results", metavar="RESULTS", help="a run's --state-dir, or its results.json")
+    p.set_defaults(func=_cmd_links)
 
     p = sub.add_parser(
         "conformance",

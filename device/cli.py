@@ -123,8 +123,40 @@ def build_parser() -> argparse.ArgumentParser:
         "(Linux SCHED_IDLE); 'normal' competes like any process",
     )
     p.add_argument("--idle-timeout", type=float, help="leave after this many silent seconds")
+    p.add_argument(
+        "--measure-link",
+        action="store_true",
+        help="print what this board can say about its link (Wi-Fi signal, noise, SNR, where from) and exit",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
+
+
+def measure_link_report() -> str:
+    """What ``--measure-link`` prints: the Wi-Fi part of the agent's link report, each
+    figure or "not available", and what needs the coordinator (RTT, goodput)."""
+    from device.link import read_wifi
+
+    wifi = read_wifi()
+
+    def level(v: float | None, unit: str) -> str:
+        return "not available" if v is None else f"{v:.1f} {unit}"
+
+    lines = ["covey link report of this board (the Wi-Fi part of what the agent sends the coordinator)"]
+    if wifi is None:
+        lines.append("Wi-Fi: not available (no wireless interface in /proc/net/wireless, no iw, no termux-api)")
+    else:
+        lines += [
+            f"interface: {wifi.interface} (read from {wifi.source})",
+            f"signal: {level(wifi.signal_dbm, 'dBm')}",
+            f"noise: {level(wifi.noise_dbm, 'dBm')}",
+            f"SNR: {level(wifi.snr_db, 'dB')}",
+        ]
+    lines.append(
+        "RTT and goodput to the server and to peers are measured when the coordinator asks "
+        "(covey links shows the run's matrices)"
+    )
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -261,6 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(argv: Sequence[str] | None) -> int:
     args = build_parser().parse_args(argv)
+    if args.measure_link:
+        print(measure_link_report())
+        return 0
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -62,6 +62,8 @@ class ServeOptions:
     max_devices: int = 1000
     screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)  # None: no screening, plain mean
     round_attempts: int = 3
+    links_every: int = 0  # rounds between link measurements after the first (0: only before round 1)
+    link_bandwidth_hz: float = 20e6
     origins: dict[str, Source] = field(default_factory=dict)  # who set what (flag, preset...)
 
 
@@ -85,6 +87,7 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         ("--federated-eval-every", opts.federated_eval_every, 0),
         ("--max-devices", opts.max_devices, 1),
         ("--round-attempts", opts.round_attempts, 1),
+        ("--links-every", opts.links_every, 0),
     ):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
@@ -106,6 +109,8 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
             f"{opts.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
             f"{opts.min_devices}: raise --min-devices or lower the strategy's setting (covey strategies lists them)"
         )
+    if not 0 < opts.link_bandwidth_hz < float("inf"):
+        raise ConfigError(f"--link-bandwidth-mhz must be a positive number, got {opts.link_bandwidth_hz / 1e6:g}")
     if opts.max_devices < opts.min_devices:
         raise ConfigError(f"--max-devices {opts.max_devices} admits fewer than --min-devices {opts.min_devices}")
     if opts.allowed_devices is not None and len(opts.allowed_devices) < opts.min_devices:
@@ -129,6 +134,8 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         ),
         "max_devices": Setting(opts.max_devices, Source.FLAG, "--max-devices"),
         "round_attempts": Setting(opts.round_attempts, Source.FLAG, "--round-attempts"),
+        "links_every": Setting(opts.links_every, Source.FLAG, "--links-every"),
+        "link_bandwidth_hz": Setting(opts.link_bandwidth_hz, Source.FLAG, "--link-bandwidth-mhz"),
         **_screening_settings(opts.screening),
         **train_settings,
         **param_settings,
@@ -176,6 +183,8 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             max_devices=o.max_devices,
             screening=o.screening,
             round_attempts=o.round_attempts,
+            links_every=o.links_every,
+            link_bandwidth_hz=o.link_bandwidth_hz,
         ),
         prepared.build_strategy(),
         o.model_path,

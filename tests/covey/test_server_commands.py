@@ -194,3 +194,26 @@ def test_a_site_admits_its_provisioned_devices_unless_a_list_is_given(site_paren
         "spare",
     }
     assert connection().allowed_devices is None  # an open run on a broker this command starts
+
+
+def test_covey_links_prints_a_runs_matrices_and_says_what_is_wrong_otherwise(tmp_path: Path) -> None:
+    import json
+
+    from device.protocol import LinkReport, PathReport
+    from server.links import build_link_matrices
+
+    # Prepare
+    reports = {"a": LinkReport("t", (PathReport("server", 3, 3, 2.0, 0.1, 4e7), PathReport("b", 3, 3, 3.5, 0.2, 2e7)))}
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(json.dumps({"links": build_link_matrices(["a", "b"], reports, {}).to_dict()}))
+    (tmp_path / "bare.json").write_text(json.dumps({"rounds": []}))
+
+    # Execute
+    shown = covey("links", str(run))
+    no_links = covey("links", str(tmp_path / "bare.json"))
+
+    # Assert
+    assert shown.returncode == 0 and "3.5*" in shown.stdout and "RTT" in shown.stdout, shown.stderr
+    assert_one_line_error(no_links, "holds no link measurements")
+    assert_one_line_error(covey("links", str(tmp_path / "nothing")), "cannot read it")
