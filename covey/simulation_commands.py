@@ -59,6 +59,7 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         norm_factor=args.norm_factor,
         aggregation=args.aggregation,
         trim=args.trim,
+        topology=args.topology,
     )
 
 
@@ -82,14 +83,16 @@ def _show_preset(args: argparse.Namespace) -> None:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from server.simulation.run import prepare, run_simulation, write_result
+    from server.simulation.run import build_federation, check_clients, prepare, run_simulation, write_result
 
     run = prepare(_simulation_config(args))  # every setting checked before anything runs
     cfg = run.config
     _show_preset(args)
+    federation = build_federation(cfg)
+    check_clients(run, federation)  # enough clients for the strategy, as many as the topology places
     bar, update = _progress_bar(cfg.rounds, f"{cfg.strategy} on {cfg.dataset}")
     try:
-        result = run_simulation(run, progress=update)
+        result = run_simulation(run, progress=update, federation=federation)
     finally:
         bar.close()
     paths = write_result(result, Path(args.out))
@@ -103,6 +106,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
         paper = preset(args.preset).reported.get(cfg.strategy)
         if paper is not None:
             line += f" (the paper reports {paper:.1f} %)"
+    if result.links is not None:
+        line += f"; modelled time on {cfg.topology}: {result.summary['modelled_s']:.1f} s"
     print(line)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0
@@ -222,6 +227,12 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         "--set", action="append", metavar="KEY=VALUE", help="strategy parameter, e.g. n_groups=5 kappa=0.3 mu=0.01"
     )
     add_screening_flags(p)
+    p.add_argument(
+        "--topology",
+        metavar="FILE",
+        help="network topology TOML (sites, links): strategies get its SNR and RTT matrices and each round "
+        "its modelled time (examples/topologies/, docs/links.md)",
+    )
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
 
 

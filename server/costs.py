@@ -56,4 +56,10 @@ class CostModel:
         comp = self.flops_per_sample / self.device_flops * longest * epochs
         comp += self.flops_per_aggregation / self.device_flops * max(models - 1, 0)
         comm = 8 * model_bytes * (downloads / self.rate_in_bps + uploads / self.rate_out_bps)  # Eq. (16)-(17)
-        return {"t_comp_s": comp, "t_comm_s": comm, "bytes": float(model_bytes * (downloads + uploads))}
+        # t_round_s: the modelled time of the round (a topology's cost model times its links)
+        return {
+            "t_comp_s": comp,
+            "t_comm_s": comm,
+            "t_round_s": comp + comm,
+            "bytes": float(model_bytes * (downloads + uploads)),
+        }

@@ -46,9 +46,14 @@ def summary(records: Sequence[RoundRecord], target: float | None = None) -> dict
         "rounds": len(records),
         "wall_s": float(sum(r.wall_s for r in records)),
     }
+    modelled = np.cumsum([r.t_round_s if np.isfinite(r.t_round_s) else 0.0 for r in records])
+    elapsed = {r.round: float(t) for r, t in zip(records, modelled, strict=True)}
+    out["modelled_s"] = float(modelled[-1]) if len(records) else 0.0  # sum of t_round_s (the topology's time)
     if target is not None:
         out["target"] = target
-        out["rounds_to_target"] = next((rnd for rnd, v in points if v >= target), None)
+        reached = next((rnd for rnd, v in points if v >= target), None)
+        out["rounds_to_target"] = reached
+        out["modelled_s_to_target"] = elapsed.get(reached) if reached is not None else None
     return out
 
 

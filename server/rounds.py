@@ -139,6 +139,7 @@ class RoundRecord:
     extra: dict[str, float] = field(default_factory=dict)
     trained_ids: list[str] = field(default_factory=list)  # whose results this round's models hold
     rejected: dict[str, int] = field(default_factory=dict)
+    t_round_s: float = float("nan")  # modelled time of the round (simulation: on the topology's links)
 
 
 ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -315,6 +316,7 @@ class RoundDriver:
             extra=extra,
             trained_ids=sorted(m.client_id for r in results for m in r.members),
             rejected=rejected,
+            t_round_s=costs.get("t_round_s", float("nan")),
         )
         self.records.append(record)
         return record

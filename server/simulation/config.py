@@ -6,6 +6,7 @@ A file looks like::
     rounds = 300
     seed = 0
     workers = 2
+    topology = "examples/topologies/office.toml"   # links (server/simulation/topology.py)
 
     [dataset]
     name = "synthetic"      # synthetic | femnist | mnist
@@ -131,6 +132,7 @@ class SimulationConfig:
     norm_factor: float = 10.0
     aggregation: str = "mean"
     trim: float = 0.2
+    topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
@@ -255,7 +257,18 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy", "screening")
     )
     kwargs: dict[str, Any] = {}
-    for key in ("rounds", "seed", "workers", "model", "shift_probability", "shift_mode", "clients_per_round"):
+    if isinstance(sim.get("topology"), str) and not Path(sim["topology"]).is_absolute():
+        sim["topology"] = str(path.parent / sim["topology"])  # relative to the config file
+    for key in (
+        "rounds",
+        "seed",
+        "workers",
+        "model",
+        "shift_probability",
+        "shift_mode",
+        "clients_per_round",
+        "topology",
+    ):
         if key in sim:
             kwargs[key] = sim.pop(key)
     if sim:

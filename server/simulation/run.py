@@ -75,6 +75,12 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
     params, param_settings = resolve_strategy_params(cfg.strategy, given)
     run = PreparedRun(cfg, train, params, {})
     run.build_strategy()  # raises StrategyError on a bad value
+    if cfg.topology is not None:
+        from server.simulation.topology import load_topology
+
+        if not isinstance(cfg.topology, str):
+            raise ConfigError(f"topology must be a path to a TOML file, got {cfg.topology!r}")
+        load_topology(cfg.topology)  # a bad file is one clear line before anything runs
     settings: dict[str, Setting] = {
         "strategy": cfg.setting("strategy", cfg.strategy),
         "dataset": cfg.setting("dataset", cfg.dataset),
@@ -88,6 +94,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "norm_factor": cfg.setting("norm_factor", cfg.norm_factor),
         "aggregation": cfg.setting("aggregation", cfg.aggregation),
         "trim": cfg.setting("trim", cfg.trim),
+        "topology": cfg.setting("topology", cfg.topology or "none"),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
         **train_settings,
         **param_settings,
@@ -108,6 +115,7 @@ class RunResult:
     records: list[RoundRecord]
     seconds: float
     settings: dict[str, Setting]
+    links: dict[str, object] | None = None  # the topology's matrices (LinkMatrices.to_dict)
 
     @property
     def summary(self) -> dict[str, object]:
@@ -143,13 +151,45 @@ def run_simulation(
         raise ConfigError("the data set has no clients")
     path = model_path or ensure_model(c.model_name)
     strategy = run.build_strategy()
-    if len(fed) < strategy.min_clients():
-        raise ConfigError(f"{c.strategy} needs {strategy.min_clients()} clients but the data set has only {len(fed)}")
+    check_clients(run, fed)
     shift = datasets.SwapShift(c.shift_probability, c.shift_mode) if c.shift_probability > 0 else None
     start = time.perf_counter()
-    sim = Simulation(strategy, fed, path, seed=c.seed, workers=c.workers, shift=shift, screening=c.screening_config())
+    snr = distance = cost = links = None
+    if c.topology is not None:
+        from server.simulation.topology import TopologyCostModel, link_matrices, load_topology
+
+        topology = load_topology(c.topology)
+        matrices = link_matrices(topology, list(fed))
+        snr, distance, links = matrices.snr_db, matrices.rtt_ms, matrices.to_dict()
+        cost = TopologyCostModel(topology=topology, site=topology.site_of(list(fed)))
+    sim = Simulation(
+        strategy,
+        fed,
+        path,
+        seed=c.seed,
+        workers=c.workers,
+        shift=shift,
+        screening=c.screening_config(),
+        snr_db=snr,
+        distance=distance,
+        cost_model=cost,
+    )
     records = sim.run(c.rounds, progress)
-    return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings)
+    return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings, links)
+
+
+def check_clients(run: PreparedRun, fed: datasets.Federation) -> None:
+    """Enough clients for the strategy, and exactly as many as the topology places."""
+    c = run.config
+    if not fed:
+        raise ConfigError("the data set has no clients")
+    need = run.build_strategy().min_clients()
+    if len(fed) < need:
+        raise ConfigError(f"{c.strategy} needs {need} clients but the data set has only {len(fed)}")
+    if c.topology is not None:
+        from server.simulation.topology import load_topology
+
+        load_topology(c.topology).site_of(list(fed))
 
 
 def default_stem(cfg: SimulationConfig) -> str:
@@ -158,7 +198,9 @@ def default_stem(cfg: SimulationConfig) -> str:
 
 def write_result(result: RunResult, out_dir: Path, name: str | None = None, plot: bool = True) -> dict[str, Path]:
     stem = name or default_stem(result.config)
-    return write_run(out_dir, stem, records=result.records, settings=result.settings, title=stem, plot=plot)
+    return write_run(
+        out_dir, stem, records=result.records, settings=result.settings, title=stem, plot=plot, links=result.links
+    )
 
 
 def plot_results(runs: Mapping[str, Sequence[RunResult]], path: Path, title: str = "") -> None:

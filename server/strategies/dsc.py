@@ -53,6 +53,9 @@ class DSC(GroupModelStrategy):
             snr = np.zeros((len(ids), len(ids)))
         if snr.shape != (len(ids), len(ids)):
             raise StrategyError(f"SNR matrix is {snr.shape} for {len(ids)} clients")
+        # The letter's Γ is one reciprocal channel per pair; measured directions differ a
+        # little (server/links.py), so each pair takes the mean of its two directions.
+        snr = (snr + snr.T) / 2
         _, labels = dsc_groups(snr, counts, snr_similarity=self.snr_similarity, random_state=self.rng)
         self.assignment = {c: int(g) for c, g in zip(ids, labels, strict=True)}
         self.n_groups = int(labels.max()) + 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -190,3 +191,22 @@ def test_strategies_command_lists_each_strategys_set_parameters(capsys) -> None:
     listed = {p.strip() for p in lines[fedgsp + 1].split("--set:")[1].split(",")}
     assert listed == strategy_parameters("fedgsp") - {"train"}
     assert "kappa" in listed
+
+
+def test_simulate_with_a_topology_stores_its_links_and_modelled_time(tmp_path, capsys) -> None:
+    from tests.covey.test_cli_mistakes import assert_one_line_error, covey
+
+    office = str(Path(__file__).resolve().parents[3] / "examples" / "topologies" / "office.toml")
+    argv = ["simulate", "--strategy", "dsc", "--data", "users=12", "--rounds", "2", "--clients-per-round", "12"]
+    argv += ["--out", str(tmp_path)]
+    assert main([*argv, "--topology", office]) == 0
+    result = json.loads((tmp_path / "dsc_synthetic_seed0.json").read_text())
+    assert result["settings"]["topology"]["value"] == office
+    assert result["links"]["counts"]["snr"] == {"topology": 144} and len(result["links"]["ids"]) == 12
+    assert result["summary"]["modelled_s"] > 0 and all(r["t_round_s"] > 0 for r in result["rounds"])
+    assert "modelled time on" in capsys.readouterr().out
+    (tmp_path / "bad.toml").write_text("[[site]]\nname = 'a'\ndevices = 5\nbandwidth_mbps = 1\n")
+    assert_one_line_error(covey(*argv, "--topology", str(tmp_path / "nope.toml")), "cannot read it")
+    assert_one_line_error(
+        covey(*argv, "--topology", str(tmp_path / "bad.toml")), "places 5 devices but the simulation has 12"
+    )

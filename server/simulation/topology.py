@@ -1,0 +1,256 @@
+"""Network topologies for simulation (``covey simulate --topology FILE``).
+
+A topology is a TOML file of sites, each with a number of devices and the profile of
+their link to the server, and optional per-pair links between sites (device to device,
+as DSC's D2D links or two boards on one access point)::
+
+    bandwidth_mhz = 20            # Shannon's B for SNRs derived from bandwidth
+
+    [[site]]
+    name = "near"
+    devices = 4
+    bandwidth_mbps = 50           # each device's link to the server, both ways
+    latency_ms = 2                # one way
+    loss = 0.0                    # fraction of packets lost (goodput scales by 1 - loss)
+    # snr_db = 25                 # optional; else the SNR that carries the bandwidth
+
+    [[link]]                      # optional: devices of these sites talk directly
+    sites = ["near", "near"]
+    bandwidth_mbps = 100
+    latency_ms = 1
+
+Devices are the simulation's clients in sorted order: the first site takes the first
+``devices`` clients, and so on; the sites must hold exactly as many devices as there
+are clients. Without a ``[[link]]`` for a pair of sites, their devices talk through the
+server: the weaker bandwidth of the two links, the latencies added.
+
+:func:`link_matrices` gives the strategies Γ and the RTT matrix (the same
+:class:`server.links.LinkMatrices` a run on boards measures), and
+:class:`TopologyCostModel` the time of a round on these links (FedGSP Eq. 15-17 with
+per-device rates: a chain hands its model on in turn, parallel members work at once).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from device.errors import ConfigError
+from server.costs import CostModel
+from server.links import LinkMatrices
+from server.strategies.base import GroupResult, RoundPlan
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10
+    import tomli as tomllib  # type: ignore[no-redef]
+
+
+@dataclass(frozen=True)
+class LinkProfile:
+    """One link: goodput ``bandwidth_mbps`` (Mbit/s), one-way ``latency_ms``, ``loss``
+    fraction and, optionally, a stated ``snr_db``."""
+
+    bandwidth_mbps: float
+    latency_ms: float = 0.0
+    loss: float = 0.0
+    snr_db: float | None = None
+
+    @property
+    def goodput_bps(self) -> float:
+        return self.bandwidth_mbps * 1e6 * (1.0 - self.loss)
+
+    def transfer_s(self, n_bytes: float) -> float:
+        """Seconds to move ``n_bytes`` (latency once, then the bytes at the goodput)."""
+        return self.latency_ms / 1000.0 + 8.0 * n_bytes / self.goodput_bps
+
+    def snr(self, bandwidth_hz: float) -> float:
+        """The stated SNR, else the one at which ``bandwidth_hz`` carries the goodput."""
+        if self.snr_db is not None:
+            return self.snr_db
+        return 10.0 * math.log10(2.0 ** (self.goodput_bps / bandwidth_hz) - 1.0)
+
+
+@dataclass(frozen=True)
+class Site:
+    name: str
+    devices: int
+    link: LinkProfile
+
+
+@dataclass(frozen=True)
+class Topology:
+    sites: tuple[Site, ...]
+    pair_links: Mapping[frozenset[str], LinkProfile] = field(default_factory=dict)
+    bandwidth_hz: float = 20e6
+    source: str = "topology"
+
+    @property
+    def n_devices(self) -> int:
+        return sum(s.devices for s in self.sites)
+
+    def site_of(self, ids: Sequence[str]) -> dict[str, Site]:
+        """Clients (sorted) to sites, in the file's order."""
+        ordered = sorted(ids)
+        if len(ordered) != self.n_devices:
+            raise ConfigError(
+                f"{self.source} places {self.n_devices} devices but the simulation has {len(ordered)} clients: "
+                "make the sites' devices add up to the number of clients"
+            )
+        out: dict[str, Site] = {}
+        it = iter(ordered)
+        for site in self.sites:
+            for _ in range(site.devices):
+                out[next(it)] = site
+        return out
+
+    def pair(self, a: Site, b: Site) -> LinkProfile:
+        """The link between a device of ``a`` and one of ``b``."""
+        direct = self.pair_links.get(frozenset((a.name, b.name)))
+        if direct is not None:
+            return direct
+        return LinkProfile(
+            min(a.link.goodput_bps, b.link.goodput_bps) / 1e6,
+            a.link.latency_ms + b.link.latency_ms,
+            0.0,
+            None if a.link.snr_db is None or b.link.snr_db is None else min(a.link.snr_db, b.link.snr_db),
+        )
+
+
+def _number(raw: Mapping[str, Any], key: str, where: str, low: float, high: float, default: float | None) -> float:
+    value = raw.get(key, default)
+    if value is None:
+        raise ConfigError(f"{where}: {key} is required")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ConfigError(f"{where}: {key} must be a number from {low:g} to {high:g}, got {value!r}")
+    return float(value)
+
+
+def _profile(raw: Mapping[str, Any], where: str) -> LinkProfile:
+    known = {"name", "devices", "sites", "bandwidth_mbps", "latency_ms", "loss", "snr_db"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: bandwidth_mbps, latency_ms, loss, snr_db)")
+    snr = raw.get("snr_db")
+    return LinkProfile(
+        _number(raw, "bandwidth_mbps", where, 1e-3, 1e6, None),
+        _number(raw, "latency_ms", where, 0, 60_000, 0.0),
+        _number(raw, "loss", where, 0, 0.99, 0.0),
+        None if snr is None else _number(raw, "snr_db", where, -200, 100, None),
+    )
+
+
+def parse_topology(raw: Mapping[str, Any], source: str = "topology") -> Topology:
+    """Check a parsed topology; every mistake is one :class:`ConfigError` naming the place."""
+    unknown = sorted(set(raw) - {"bandwidth_mhz", "site", "link"})
+    if unknown:
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (known: bandwidth_mhz, [[site]], [[link]])")
+    sites_raw = raw.get("site")
+    if not isinstance(sites_raw, list) or not sites_raw or not all(isinstance(s, dict) for s in sites_raw):
+        raise ConfigError(f"{source}: needs at least one [[site]] table")
+    sites = []
+    for i, s in enumerate(sites_raw):
+        name = s.get("name")
+        where = f"{source} site {i + 1}"
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{where}: name must be a non-empty string")
+        devices = s.get("devices")
+        if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+            raise ConfigError(f"{where} ({name}): devices must be a whole number >= 1, got {devices!r}")
+        sites.append(Site(name, devices, _profile(s, f"{where} ({name})")))
+    names = [s.name for s in sites]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{source}: site names must differ ({', '.join(names)})")
+    pairs: dict[frozenset[str], LinkProfile] = {}
+    links_raw = raw.get("link", [])
+    if not isinstance(links_raw, list) or not all(isinstance(x, dict) for x in links_raw):
+        raise ConfigError(f"{source}: link must be [[link]] tables")
+    for i, link in enumerate(links_raw):
+        where = f"{source} link {i + 1}"
+        ends = link.get("sites")
+        if not isinstance(ends, list) or len(ends) != 2 or any(e not in names for e in ends):
+            raise ConfigError(f"{where}: sites must name two sites of the file ({', '.join(names)}), got {ends!r}")
+        key = frozenset(ends)
+        if key in pairs:
+            raise ConfigError(f"{where}: the link between {ends[0]} and {ends[1]} is given twice")
+        pairs[key] = _profile(link, where)
+    bandwidth = _number(raw, "bandwidth_mhz", source, 1e-3, 1e5, 20.0) * 1e6
+    return Topology(tuple(sites), pairs, bandwidth, source)
+
+
+def load_topology(path: Path | str) -> Topology:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"--topology {path}: cannot read it ({exc.strerror or exc})") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"--topology {path} is not valid TOML ({exc})") from exc
+    return parse_topology(raw, str(path))
+
+
+def link_matrices(topology: Topology, ids: Sequence[str]) -> LinkMatrices:
+    """Γ (dB; diagonal: device to server) and RTT (ms) over the sorted ``ids``, every
+    entry from the topology (source ``topology``)."""
+    ordered = sorted(ids)
+    site = topology.site_of(ordered)
+    n = len(ordered)
+    snr, rtt = np.zeros((n, n)), np.zeros((n, n))
+    for i, a in enumerate(ordered):
+        snr[i, i] = site[a].link.snr(topology.bandwidth_hz)
+        for j, b in enumerate(ordered):
+            if i != j:
+                link = topology.pair(site[a], site[b])
+                snr[i, j] = link.snr(topology.bandwidth_hz)
+                rtt[i, j] = 2 * link.latency_ms
+    src = np.full((n, n), "topology", dtype=object)
+    rtt_src = src.copy()
+    np.fill_diagonal(rtt_src, "self")
+    return LinkMatrices(tuple(ordered), topology.bandwidth_hz, snr, src, rtt, rtt_src)
+
+
+@dataclass(frozen=True)
+class TopologyCostModel(CostModel):
+    """FedGSP Eq. 15-17 on a topology's links: the time of a round is that of its slowest
+    group. A parallel member downloads over its server link, trains and uploads; a chain's
+    first member downloads, each member trains and hands on over the pair link, and the
+    last returns the model over its server link (``t_round_s``)."""
+
+    topology: Topology | None = None
+    site: dict[str, Site] = field(default_factory=dict)
+
+    def _train_s(self, n_samples: int, epochs: int) -> float:
+        return self.flops_per_sample / self.device_flops * n_samples * epochs
+
+    def round_costs(
+        self, plan: RoundPlan, results: Sequence[GroupResult], epochs: int, model_bytes: int
+    ) -> dict[str, float]:
+        costs = super().round_costs(plan, results, epochs, model_bytes)
+        if self.topology is None:
+            return costs
+        slowest = 0.0
+        for g, r in zip(plan.groups, results, strict=True):
+            members = [m for m in r.members if m.client_id in self.site]
+            if not members:
+                continue
+            if g.mode == "chain":
+                first, last = self.site[members[0].client_id], self.site[members[-1].client_id]
+                t = first.link.transfer_s(model_bytes) + last.link.transfer_s(model_bytes)
+                for k, m in enumerate(members):
+                    t += self._train_s(m.n_samples, epochs)
+                    if k + 1 < len(members):
+                        nxt = self.site[members[k + 1].client_id]
+                        t += self.topology.pair(self.site[m.client_id], nxt).transfer_s(model_bytes)
+            else:
+                t = max(
+                    2 * self.site[m.client_id].link.transfer_s(model_bytes) + self._train_s(m.n_samples, epochs)
+                    for m in members
+                )
+            slowest = max(slowest, t)
+        costs["t_round_s"] = slowest
+        return costs

@@ -1,0 +1,109 @@
+"""Simulation on a topology: strategies get its SNR and RTT matrices, rounds their
+modelled time, and a bad topology file is one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import adjusted_rand_score
+
+from device.errors import ConfigError
+from server.paths import ensure_model
+from server.simulation.datasets import synthetic
+from server.simulation.engine import Simulation
+from server.simulation.topology import TopologyCostModel, link_matrices, load_topology, parse_topology
+from server.strategies import make_strategy
+from server.strategies.base import TrainConfig
+
+REPO = Path(__file__).resolve().parents[3]
+OFFICE = REPO / "examples" / "topologies" / "office.toml"
+TRAIN = TrainConfig(1, 10, 0.01)
+
+
+def office_run(name: str, **params):  # type: ignore[no-untyped-def]
+    topology = load_topology(OFFICE)
+    fed = synthetic(1, 1, 12, seed=0)
+    ids = sorted(fed)
+    m = link_matrices(topology, ids)
+    site = topology.site_of(ids)
+    strategy = make_strategy(name, train=TRAIN, **params)
+    sim = Simulation(
+        strategy,
+        fed,
+        ensure_model("mclr_synthetic"),
+        seed=0,
+        snr_db=m.snr_db,
+        distance=m.rtt_ms,
+        cost_model=TopologyCostModel(topology=topology, site=site),
+        federated_eval_every=0,
+    )
+    records = sim.run(2)
+    return strategy, records, ids, [site[c].name for c in ids], m
+
+
+def test_dsc_primary_groups_are_the_office_sites() -> None:
+    from server.grouping.dsc import dsc_groups
+
+    strategy, records, ids, sites, m = office_run("dsc", clients_per_round=12)
+    counts = np.array([strategy.clients[c].class_counts for c in ids])
+    primary, _ = dsc_groups(m.snr_db, counts, random_state=0)
+    assert adjusted_rand_score(sites, primary) == 1.0
+    assert all(np.isfinite(r.t_round_s) and r.t_round_s > 0 for r in records)
+
+
+def test_fedavg_ic_groups_cut_the_intra_group_rtt_against_random_groups() -> None:
+    strategy, _, ids, _, m = office_run("fedavg_ic", n_groups=3, tau1=1, tau2=5)
+    labels = np.array([strategy.assignment[c] for c in ids])
+
+    def intra(lab: np.ndarray) -> float:
+        return float(sum(m.rtt_ms[np.ix_(lab == g, lab == g)].sum() for g in np.unique(lab)) / 2)
+
+    rng = np.random.default_rng(0)
+    random_sums = [intra(rng.permutation(labels)) for _ in range(200)]  # same group sizes
+    reduction = 1 - intra(labels) / float(np.mean(random_sums))
+    assert reduction >= 0.20, reduction
+
+
+def test_a_chain_pays_each_hand_off_on_its_pair_link() -> None:
+    topology = load_topology(OFFICE)
+    ids = [f"c{i:02d}" for i in range(12)]
+    site = topology.site_of(ids)
+    lab, far = site["c00"], site["c08"]
+    assert topology.pair(lab, lab).latency_ms == 1 and topology.pair(lab, far).latency_ms == 2 + 30
+    assert topology.pair(lab, far).bandwidth_mbps == pytest.approx(6 * 0.98)
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "needs at least one [[site]]"),
+        ("[[site]]\nname = 'a'\ndevices = 0\nbandwidth_mbps = 1\n", "devices must be a whole number"),
+        ("[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = -3\n", "bandwidth_mbps must be a number"),
+        ("[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = 3\nlatncy_ms = 4\n", "unknown key 'latncy_ms'"),
+        (
+            "[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = 3\n[[link]]\nsites = ['a', 'b']\nbandwidth_mbps = 1\n",
+            "sites must name two sites",
+        ),
+        (
+            "[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = 3\n[[site]]\nname = 'a'\ndevices = 1\n"
+            "bandwidth_mbps = 3\n",
+            "site names must differ",
+        ),
+        ("speed = 3\n", "unknown key 'speed'"),
+        ("[[site]\n", "not valid TOML"),
+    ],
+)
+def test_bad_topology_files_are_named(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=None) as info:
+        load_topology(path)
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_topology_for_another_number_of_clients_is_refused() -> None:
+    topology = parse_topology({"site": [{"name": "a", "devices": 3, "bandwidth_mbps": 5}]})
+    with pytest.raises(ConfigError, match="places 3 devices but the simulation has 4 clients"):
+        topology.site_of(["a", "b", "c", "d"])
