@@ -298,9 +298,13 @@ class Coordinator(Persistence):
         if msg.id in self._recent_ids:  # QoS 1 and redelivered results may bring a message twice
             self.drop("duplicate message", f"{msg.type} {msg.id} from {device}", quiet=True)
             return
+        self._on_message(device, kind, msg)
+        # remembered once used: a result refused now (a round not yet resumed) may come again and count
         self._recent_ids[msg.id] = None
         if len(self._recent_ids) > 20_000:
             self._recent_ids.pop(next(iter(self._recent_ids)))
+
+    def _on_message(self, device: str, kind: str, msg: Message) -> None:
         if msg.sender != device:
             raise ProtocolError(f"message claims sender {msg.sender!r} but came from {device!r}")
         if msg.run != self.cfg.run:
