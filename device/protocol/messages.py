@@ -287,7 +287,7 @@ class LinkProbeRequest:
 
     Per target, ``probes`` empty probe frames (RTT: median and interquartile range)
     and, with ``payload_bytes`` > 0, one probe of that many bytes (goodput: its bytes
-    over its time less the median RTT). A probe not echoed within ``timeout_s`` counts
+    over its round-trip time). A probe not echoed within ``timeout_s`` counts
     as lost. Probes travel the way models do: to the server on the device's frames
     topic, to a peer on the direct hand-off topic."""
 

@@ -107,6 +107,7 @@ class CoordinatorConfig:
     link_probes: int = 3
     link_probe_bytes: int = 256 * 1024
     link_probe_timeout_s: float = 5.0
+    link_probe_parallel: int = 1  # devices probing at once: 1 keeps one device's probes off another's path
     links_every: int = 0
     link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
 
@@ -417,27 +418,29 @@ class Coordinator(Persistence):
         self._link_requests += 1
         task_id = f"{self.epoch}-links{self._link_requests}"
         size = min(c.link_probe_bytes, 4 * self.manifest.n_params)  # the server reassembles at most one model
-        for device in ids:
-            request = LinkProbeRequest(
-                task_id,
-                tuple(p for p in ids if p != device),
-                c.link_probes,
-                size,
-                c.link_probe_timeout_s,
-            )
-            self.linkbook.pending[device] = task_id
-            self._publish(self.topics.inbox(device), Message.of(request, run=c.run, sender=SERVER_ID).encode())
         budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * len(ids) + 10
-        deadline = time.monotonic() + budget
-        while self.linkbook.pending and time.monotonic() < deadline:
-            self.pump(0.05)
-        for device in sorted(self.linkbook.pending):
-            log.warning(
-                "no link report from %s within %.0f s; its links are filled from the others' (see links)",
-                device,
-                budget,
-            )
-        self.linkbook.pending.clear()
+        wave = max(1, c.link_probe_parallel)
+        for first in range(0, len(ids), wave):  # a few devices at a time: their probes do not queue behind others'
+            for device in ids[first : first + wave]:
+                request = LinkProbeRequest(
+                    task_id,
+                    tuple(p for p in ids if p != device),
+                    c.link_probes,
+                    size,
+                    c.link_probe_timeout_s,
+                )
+                self.linkbook.pending[device] = task_id
+                self._publish(self.topics.inbox(device), Message.of(request, run=c.run, sender=SERVER_ID).encode())
+            deadline = time.monotonic() + budget
+            while self.linkbook.pending and time.monotonic() < deadline:
+                self.pump(0.05)
+            for device in sorted(self.linkbook.pending):
+                log.warning(
+                    "no link report from %s within %.0f s; its links are filled from the others' (see links)",
+                    device,
+                    budget,
+                )
+            self.linkbook.pending.clear()
         m = self.link_matrices = self.linkbook.matrices(ids)
         log.info("links measured: SNR entries %s; RTT entries %s", m.counts("snr"), m.counts("rtt"))
         if m.snr_db is None:
