@@ -17,10 +17,13 @@ input shape and labels in ``[0, n_classes)``.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import itertools
 import logging
+import mmap
 import os
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +40,58 @@ BACKENDS = ("ai_edge_litert", "tflite_runtime", "tensorflow")
 # Evaluation batch: activations grow with it (the FEMNIST CNN holds ~1.3 MB per sample
 # of patch matrices); 32 keeps evaluation within a board's memory at a small cost.
 EVAL_BATCH = 32
+
+
+class _PageReleaser:
+    """Gives the whole pages of a buffer back to the kernel (``madvise(MADV_DONTNEED)``).
+
+    Every signature keeps its input and output tensors in its own arena for the life
+    of the interpreter, and no interpreter wrapper can free an arena. The weight
+    signatures' arenas hold a whole model each (26 MB for the FEMNIST CNN) but are
+    needed only while weights are copied in or out. After that copy their contents
+    are dead: LiteRT never reads a signature's inputs before they are written again,
+    nor its outputs after they are read. So the runtime releases those pages. The
+    addresses stay mapped: the next write faults in zeroed pages, which LiteRT and
+    numpy see as ordinary memory. Only pages that lie wholly inside the tensor are
+    released, so no neighbouring allocation is touched. Linux only (glibc, musl and
+    Android's bionic alike); elsewhere this does nothing.
+    """
+
+    MADV_DONTNEED = 4
+
+    def __init__(self) -> None:
+        self._madvise: Any = None
+        if sys.platform.startswith("linux"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                madvise = libc.madvise
+            except (OSError, AttributeError):  # pragma: no cover - every Linux libc has madvise
+                return
+            madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+            madvise.restype = ctypes.c_int
+            self._madvise = madvise
+
+    def release(self, arr: np.ndarray) -> int:
+        """Release the pages wholly inside ``arr``'s buffer; returns the bytes released."""
+        if self._madvise is None or not arr.flags.c_contiguous:
+            return 0
+        start = int(arr.__array_interface__["data"][0])
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + arr.nbytes) // page * page
+        if hi <= lo or self._madvise(lo, hi - lo, self.MADV_DONTNEED) != 0:
+            return 0
+        return hi - lo
+
+
+_pages = _PageReleaser()
+
+
+def _all_finite(arr: np.ndarray) -> bool:
+    """Whether every element is finite, without ``isfinite``'s boolean copy of the array
+    (6.6 MB for the FEMNIST CNN's weights, allocated while both weight vectors are
+    alive). A float64 sum of float32 values cannot overflow, and it is finite exactly
+    when every term is: a NaN or an infinity makes it NaN or infinite."""
+    return bool(np.isfinite(np.sum(arr, dtype=np.float64)))
 
 
 def tensor_key(name: str) -> str:
@@ -106,6 +161,31 @@ class EvalResult:
     accuracy: float
     n_samples: int
     n_correct: int
+
+
+@dataclass(frozen=True)
+class _TensorIO:
+    """A signature's input and output tensors as numpy views of the interpreter's buffers."""
+
+    wrapper: Any
+    subgraph: int
+    inputs: dict[str, int]
+    outputs: dict[str, int]
+
+    def allocate(self) -> None:
+        self.wrapper.AllocateTensors(self.subgraph)
+
+    def invoke(self) -> None:
+        self.wrapper.AllocateTensors(self.subgraph)
+        self.wrapper.Invoke(self.subgraph)
+
+    def input(self, key: str) -> np.ndarray:
+        view: np.ndarray = self.wrapper.tensor(self.wrapper, self.inputs[key], self.subgraph)
+        return view
+
+    def output(self, key: str) -> np.ndarray:
+        view: np.ndarray = self.wrapper.tensor(self.wrapper, self.outputs[key], self.subgraph)
+        return view
 
 
 class TFLiteModel:
@@ -186,35 +266,39 @@ class TFLiteModel:
         Models with a ``get_tensors`` signature are read tensor by tensor straight
         into the flat vector: ``get_weights`` would hold a second, concatenated copy
         of every weight in its own arena for the rest of the process (26 MB for the
-        FEMNIST CNN), and its output would be copied once more into Python.
+        FEMNIST CNN), and its output would be copied once more into Python. The
+        pages of ``get_tensors``' outputs are released as soon as each is copied
+        (see ``_PageReleaser``).
         """
         self._require_weights()
         if "get_tensors" not in self.manifest.signatures:
             return np.asarray(self._runner("get_weights")()["weights"], dtype=np.float32)
         flat = np.empty(self.n_params, np.float32)
-        outputs = self._invoke_for_views("get_tensors")
+        io = self._tensor_io("get_tensors")
+        if io is None:  # a runner without view access: its outputs are copies
+            copies = self._runner("get_tensors")()
+            for t in self.manifest.tensors:
+                flat[t.offset : t.offset + t.size] = copies[tensor_key(t.name)].reshape(-1)
+            return flat
+        io.invoke()
         for t in self.manifest.tensors:
-            flat[t.offset : t.offset + t.size] = outputs(tensor_key(t.name)).reshape(-1)
+            view = io.output(tensor_key(t.name))
+            flat[t.offset : t.offset + t.size] = view.reshape(-1)
+            _pages.release(view)
         return flat
 
-    def _invoke_for_views(self, name: str) -> Callable[[str], np.ndarray]:
-        """Run signature ``name`` without inputs; return a lookup of its outputs.
-
-        The lookup gives numpy views of the interpreter's output buffers where the
-        interpreter offers them (the ``tensor`` view every backend's wrapper has;
-        copy out of a view before the next call). Otherwise it falls back to the
-        signature runner's copies.
-        """
+    def _tensor_io(self, name: str) -> _TensorIO | None:
+        """Direct access to signature ``name``'s input and output buffers, or None where
+        the interpreter offers no views (the ``tensor`` view every backend's wrapper
+        has; a view is valid until the next call of any signature)."""
         runner = self._runner(name)
         wrapper = getattr(runner, "_interpreter_wrapper", None)
         subgraph = getattr(runner, "_subgraph_index", None)
-        indices = dict(getattr(runner, "_outputs", ()))
-        if wrapper is None or subgraph is None or not indices or not hasattr(wrapper, "tensor"):
-            copies = runner()
-            return copies.__getitem__
-        wrapper.AllocateTensors(subgraph)
-        wrapper.Invoke(subgraph)
-        return lambda key: wrapper.tensor(wrapper, indices[key], subgraph)
+        outputs = dict(getattr(runner, "_outputs", ()))
+        inputs = dict(getattr(runner, "_inputs", {}))
+        if wrapper is None or subgraph is None or not (inputs or outputs) or not hasattr(wrapper, "tensor"):
+            return None
+        return _TensorIO(wrapper, subgraph, inputs, outputs)
 
     def check_weights(self, weights: np.ndarray) -> np.ndarray:
         """Validate a flat weight vector against the manifest; return it as float32."""
@@ -227,7 +311,7 @@ class TFLiteModel:
             if not np.issubdtype(arr.dtype, np.floating):
                 raise WeightsError(f"weight vector has dtype {arr.dtype}; float32 expected")
             arr = arr.astype(np.float32)
-        if not np.isfinite(arr).all():
+        if not _all_finite(arr):
             bad = int(np.count_nonzero(~np.isfinite(arr)))
             raise WeightsError(f"weight vector holds {bad} NaN or infinite values; refusing to load it")
         return arr
@@ -236,11 +320,21 @@ class TFLiteModel:
         """Load a flat weight vector; nothing changes if it is refused."""
         arr = self.check_weights(weights)
         if "set_tensors" in self.manifest.signatures:
-            # One input per tensor (views of arr): set_weights would also hold sliced
-            # copies of every weight in its arena.
+            # One input per tensor: set_weights would also hold sliced copies of every
+            # weight in its arena. set_tensors also clears pending deferred updates.
             layout = self.manifest.tensors
-            by_key = {tensor_key(t.name): arr[t.offset : t.offset + t.size].reshape(t.shape) for t in layout}
-            self._runner("set_tensors")(**by_key)  # also clears pending deferred updates
+            io = self._tensor_io("set_tensors")
+            if io is None:
+                self._runner("set_tensors")(
+                    **{tensor_key(t.name): arr[t.offset : t.offset + t.size].reshape(t.shape) for t in layout}
+                )
+            else:
+                io.allocate()
+                for t in layout:
+                    io.input(tensor_key(t.name))[...] = arr[t.offset : t.offset + t.size].reshape(t.shape)
+                io.invoke()
+                for t in layout:  # the variables hold the weights now; the inputs are dead
+                    _pages.release(io.input(tensor_key(t.name)))
         else:
             self._runner("set_weights")(weights=arr)
         self._pending_rows = 0
@@ -265,7 +359,7 @@ class TFLiteModel:
         if not np.issubdtype(x.dtype, np.number):
             raise DataError(f"features have dtype {x.dtype}; numbers expected")
         x = np.ascontiguousarray(x, dtype=np.float32)
-        if not np.isfinite(x).all():
+        if not _all_finite(x):
             raise DataError("features hold NaN or infinite values")
         if y is None:
             return x, None
@@ -404,7 +498,7 @@ class TFLiteModel:
             if self._pending_rows:
                 self._flush()
         weights = self.get_weights()
-        if not np.isfinite(weights).all():
+        if not _all_finite(weights):
             raise WeightsError("training diverged: weights became NaN or infinite; lower the learning rate")
         return TrainResult(weights, int(x.shape[0]), total_loss / max(total_seen, 1), steps)
 
