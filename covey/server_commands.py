@@ -40,6 +40,8 @@ def read_device_list(path: str) -> frozenset[str]:
         text = Path(path).read_text()
     except OSError as exc:
         raise CoveyError(f"--allow-devices {path}: cannot read it ({exc.strerror or exc})") from exc
+    except UnicodeDecodeError as exc:
+        raise CoveyError(f"--allow-devices {path} is not UTF-8 text: give one device id per line") from exc
     ids = []
     for n, line in enumerate(text.splitlines(), 1):
         entry = line.split("#", 1)[0].strip()
@@ -222,10 +224,11 @@ def _cmd_links(args: argparse.Namespace) -> int:
         raise CoveyError(f"{path} holds no link measurements (a run of covey server run, or simulate --topology)")
     try:
         matrices = LinkMatrices.from_dict(raw)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CoveyError(f"{path}: its links are malformed ({exc})") from exc
+        table = matrices.table()
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise CoveyError(f"{path}: its links are malformed ({type(exc).__name__}: {exc})") from exc
     print(f"links of {path} ({len(matrices.ids)} devices, B = {matrices.bandwidth_hz / 1e6:g} MHz)")
-    print(matrices.table())
+    print(table)
     print(f"entries by source: SNR {matrices.counts('snr')}, RTT {matrices.counts('rtt')}")
     return 0
 

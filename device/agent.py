@@ -172,8 +172,7 @@ class Agent:
                 self._redeliver_held("reconnected")
             probing = self.prober is not None and not self.prober.done
             if probing:
-                assert self.prober is not None
-                self.prober.tick()
+                self._tick_prober()
             item = self.link.receive(timeout=0.05 if probing else 1.0)
             self.stats.queue_full(self.link.dropped)
             if item is None:
@@ -304,6 +303,9 @@ class Agent:
         elif isinstance(body, (TrainRequest, PretrainRequest, EvaluateRequest)):
             self._accept_request(body, msg.round)
         elif isinstance(body, LinkProbeRequest):
+            if self.prober is not None and self.prober.task_id == body.task_id:
+                self.stats.drop("duplicate link probe request")  # QoS 1 may bring it twice
+                return
             if self.prober is not None and not self.prober.done:
                 log.info("%s: a new link probe request replaces %s", self.me, self.prober.task_id)
             self.prober = LinkProber(
@@ -356,6 +358,16 @@ class Agent:
                     runner.train(task.request, task.round, task.weights)
         finally:
             self._drop_unused_shared()
+
+    def _tick_prober(self) -> None:
+        """Time out a probe; what goes wrong is logged and ends the measurement, not the agent."""
+        assert self.prober is not None
+        try:
+            self.prober.tick()
+        except Exception:  # no measurement may stop the agent
+            log.exception("%s: link measurement %s failed; dropped", self.me, self.prober.task_id)
+            self.stats.drop("link measurement failed")
+            self.prober.done = True
 
     def _on_probe_frame(self, h: FrameHeader, sender: str) -> None:
         """Echo a peer's link probe at once; hand an echo to the prober that waits for it."""

@@ -19,6 +19,7 @@ offers none: never a made-up value).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -102,6 +103,9 @@ class LinkProber:
             for size in [0] * request.probes + ([request.payload_bytes] if request.payload_bytes else [])
         ]
         self.queue = [_Probe(i, p.target, p.size) for i, p in enumerate(self.queue)]
+        self._wifi: list[WifiReading | None] = []
+        # the Wi-Fi reading may run `iw` for seconds: never on the agent's loop
+        self._wifi_thread = threading.Thread(target=lambda: self._wifi.append(wifi()), daemon=True)
         self._next = 0
         self._current: _Probe | None = None
         self._sent_at = 0.0
@@ -112,6 +116,7 @@ class LinkProber:
         return self.request.task_id
 
     def start(self) -> None:
+        self._wifi_thread.start()
         log.info("%s: measuring links to the server and %d peers", self.me, len(self.paths) - 1)
         self._send_next()
 
@@ -178,7 +183,8 @@ class LinkProber:
                     goodput_bps=path.goodput_bps,
                 )
             )
-        reading = self.wifi()
+        self._wifi_thread.join(timeout=0.5)  # read while probing; not ready by now: "not available"
+        reading = self._wifi[0] if self._wifi else None
         wifi = (
             None
             if reading is None

@@ -33,11 +33,22 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device.link import effective_snr_db, rtt_stats
+from device.link import rtt_stats
 from device.protocol import SERVER_ID, LinkReport, PathReport
 
-EntrySource = Literal["measured", "reverse", "via server", "bottleneck", "wifi", "worst measured", "self", "missing"]
+EntrySource = Literal[
+    "measured", "reverse", "via server", "bottleneck", "wifi", "worst measured", "self", "missing", "topology"
+]
 DEFAULT_BANDWIDTH_HZ = 20e6
+MAX_SPECTRAL_EFFICIENCY = 60.0  # bit/s/Hz: beyond any radio (a wired LAN at a small B); SNR capped at ~180 dB
+
+
+def shannon_snr_db(goodput_bps: float, bandwidth_hz: float) -> float:
+    """The SNR (dB) at which ``bandwidth_hz`` carries ``goodput_bps`` (Shannon), with
+    ``C / B`` capped at :data:`MAX_SPECTRAL_EFFICIENCY`: a faster link ranks best, never
+    overflows and is never taken for a missing one."""
+    ratio = min(goodput_bps / bandwidth_hz, MAX_SPECTRAL_EFFICIENCY)
+    return 10.0 * math.log10(2.0**ratio - 1.0) if ratio > 0 else -math.inf
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,15 @@ class LinkMatrices:
 
     def table(self) -> str:
         """Both matrices as text, each entry marked by its source (``*`` measured)."""
-        mark = {"measured": "*", "self": " ", "reverse": "r", "via server": "s", "bottleneck": "b", "wifi": "w"}
+        mark = {
+            "measured": "*",
+            "self": " ",
+            "reverse": "r",
+            "via server": "s",
+            "bottleneck": "b",
+            "wifi": "w",
+            "topology": "t",
+        }
         lines = []
         for title, m, src, unit in (
             ("SNR Γ", self.snr_db, self.snr_source, "dB"),
@@ -114,27 +133,15 @@ class LinkMatrices:
                 lines.append(f"{self.ids[i]:<{width}}{cells}")
         lines.append(
             "* measured  r reverse direction  s via the server  b bottleneck of both server links  w Wi-Fi SNR  "
-            "? worst measured"
+            "t from a topology file  ? worst measured"
         )
         return "\n".join(lines)
 
 
-def _path(report: LinkReport | None, target: str) -> PathReport | None:
-    if report is None:
-        return None
-    for p in report.paths:
-        if p.target == target:
-            return p
-    return None
-
-
-def _snr_of(path: PathReport | None, n_bytes: int, bandwidth_hz: float) -> float:
+def _snr_of(path: PathReport | None, bandwidth_hz: float) -> float:
     if path is None or path.goodput_bps is None:
         return math.nan
-    # the goodput as a transfer of n_bytes: effective_snr_db needs bytes and seconds
-    seconds = 8.0 * n_bytes / path.goodput_bps
-    snr = effective_snr_db(n_bytes, seconds, bandwidth_hz)
-    return math.nan if snr is None else snr
+    return shannon_snr_db(path.goodput_bps, bandwidth_hz)
 
 
 def build_link_matrices(
@@ -157,7 +164,7 @@ def build_link_matrices(
     The matrices and the source of each entry (see the module docstring).
     """
     n = len(ids)
-    unit = 1_000_000  # any size: the SNR depends on the goodput only
+    by_target = {d: {p.target: p for p in r.paths} for d, r in reports.items()}  # one lookup per entry
     snr = np.full((n, n), np.nan)
     rtt = np.full((n, n), np.nan)
     snr_src = np.full((n, n), "missing", dtype=object)
@@ -165,20 +172,21 @@ def build_link_matrices(
     to_server = np.full(n, np.nan)
     for i, d in enumerate(ids):
         report = reports.get(d)
-        snr[i, i] = _snr_of(_path(report, SERVER_ID), unit, bandwidth_hz)
+        paths = by_target.get(d, {})
+        snr[i, i] = _snr_of(paths.get(SERVER_ID), bandwidth_hz)
         if math.isfinite(snr[i, i]):
             snr_src[i, i] = "measured"
         elif report is not None and report.wifi is not None and report.wifi.snr_db is not None:
             snr[i, i], snr_src[i, i] = report.wifi.snr_db, "wifi"
-        path = _path(report, SERVER_ID)
+        path = paths.get(SERVER_ID)
         mine = server_rtt_ms.get(d, math.nan)
         to_server[i] = mine if math.isfinite(mine) else (path.rtt_ms if path and path.rtt_ms is not None else math.nan)
         rtt[i, i], rtt_src[i, i] = 0.0, "self"
         for j, peer in enumerate(ids):
             if i == j:
                 continue
-            p = _path(report, peer)
-            s = _snr_of(p, unit, bandwidth_hz)
+            p = paths.get(peer)
+            s = _snr_of(p, bandwidth_hz)
             if math.isfinite(s):
                 snr[i, j], snr_src[i, j] = s, "measured"
             if p is not None and p.rtt_ms is not None:
@@ -197,9 +205,15 @@ def build_link_matrices(
                 rtt[i, j], rtt_src[i, j] = to_server[i] + to_server[j], "via server"
     any_snr = bool(np.isin(snr_src, ["measured", "wifi"]).any())
     any_rtt = bool((rtt_src == "measured").any()) or bool(np.isfinite(to_server).any())
-    for m, src, found, worst in ((snr, snr_src, any_snr, np.nanmin), (rtt, rtt_src, any_rtt, np.nanmax)):
+    # the worst value measured; an RTT known only to the server: twice the slowest server RTT
+    slowest_via_server = 2 * float(np.nanmax(to_server)) if np.isfinite(to_server).any() else 0.0
+    for m, src, found, worst, fallback in (
+        (snr, snr_src, any_snr, np.nanmin, 0.0),
+        (rtt, rtt_src, any_rtt, np.nanmax, slowest_via_server),
+    ):
         if found:
-            fill = float(worst(m[np.isfinite(m) & (src != "self")])) if (np.isfinite(m) & (src != "self")).any() else 0
+            known = np.isfinite(m) & (src != "self")
+            fill = float(worst(m[known])) if known.any() else fallback
             holes = src == "missing"
             m[holes], src[holes] = fill, "worst measured"
     return LinkMatrices(
@@ -221,11 +235,15 @@ class LinkBook:
     rtt_samples: dict[str, list[float]] = field(default_factory=dict)
     pending: dict[str, str] = field(default_factory=dict)  # device -> task id of the probe request it owes
 
+    _cache: tuple[tuple[str, ...], int, LinkMatrices] | None = field(default=None, repr=False)
+    _version: int = 0
+
     def add_rtt(self, device: str, ms: float) -> None:
         if math.isfinite(ms) and ms >= 0:
             samples = self.rtt_samples.setdefault(device, [])
             samples.append(ms)
             del samples[:-16]  # the latest probes
+            self._version += 1
 
     def server_rtt_ms(self) -> dict[str, float]:
         out = {}
@@ -241,7 +259,14 @@ class LinkBook:
             return False
         del self.pending[device]
         self.reports[device] = report
+        self._version += 1
         return True
 
     def matrices(self, ids: Sequence[str]) -> LinkMatrices:
-        return build_link_matrices(sorted(ids), self.reports, self.server_rtt_ms(), self.bandwidth_hz)
+        """The matrices over ``ids`` (sorted); built once per measurement and set of devices."""
+        key = tuple(sorted(ids))
+        if self._cache is not None and self._cache[0] == key and self._cache[1] == self._version:
+            return self._cache[2]
+        m = build_link_matrices(key, self.reports, self.server_rtt_ms(), self.bandwidth_hz)
+        self._cache = (key, self._version, m)
+        return m

@@ -69,6 +69,7 @@ from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
+MAX_PROBE_PEERS = 256  # LinkProbeRequest.peers holds at most this many
 LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
 
 
@@ -108,6 +109,7 @@ class CoordinatorConfig:
     link_probe_bytes: int = 256 * 1024
     link_probe_timeout_s: float = 5.0
     link_probe_parallel: int = 1  # devices probing at once: 1 keeps one device's probes off another's path
+    link_measure_max_s: float = 900.0  # a measurement stops asking devices after this long
     links_every: int = 0
     link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
 
@@ -406,28 +408,37 @@ class Coordinator(Persistence):
 
     def measure_links(self, timeout: float | None = None) -> LinkMatrices:
         """Measure Γ and the RTT matrix (:mod:`server.links`): pings from here, and every
-        ready device probes the server and each peer. A device that does not report
-        within ``timeout`` (default: enough for every probe to time out) keeps what was
-        measured before, or filled entries; the log says which."""
+        online device probes the server and its peers (at most 256, a different slice
+        for each device when there are more), ``link_probe_parallel`` devices at a time.
+        A device that does not report within ``timeout`` (default: enough for its probes
+        to time out) keeps what was measured before, or filled entries; after
+        ``link_measure_max_s`` in all, the rest are not asked this time. The log says which."""
         ids = self.ready_devices()
         c = self.cfg
+        online = [d for d in ids if self.devices[d].online]  # an offline board would only time out
         for _ in range(c.link_probes):
-            for device in ids:
+            for device in online:
                 msg = Message.of(Ping(time.time()), run=c.run, sender=SERVER_ID, round=self.round)
                 self._publish(self.topics.inbox(device), msg.encode())
         self._link_requests += 1
         task_id = f"{self.epoch}-links{self._link_requests}"
         size = min(c.link_probe_bytes, 4 * self.manifest.n_params)  # the server reassembles at most one model
-        budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * len(ids) + 10
+        n_peers = min(len(online) - 1, MAX_PROBE_PEERS)
+        budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * (n_peers + 1) + 10
         wave = max(1, c.link_probe_parallel)
-        for first in range(0, len(ids), wave):  # a few devices at a time: their probes do not queue behind others'
-            for device in ids[first : first + wave]:
+        give_up = time.monotonic() + c.link_measure_max_s
+        for first in range(0, len(online), wave):  # a few devices at a time: their probes do not queue behind others'
+            if time.monotonic() > give_up:
+                log.warning(
+                    "link measurement stopped after %.0f s; %d devices not asked this time (link_measure_max_s)",
+                    c.link_measure_max_s,
+                    len(online) - first,
+                )
+                break
+            for k, device in enumerate(online[first : first + wave], start=first):
+                others = online[k + 1 :] + online[:k]  # the next devices first: slices differ per device
                 request = LinkProbeRequest(
-                    task_id,
-                    tuple(p for p in ids if p != device),
-                    c.link_probes,
-                    size,
-                    c.link_probe_timeout_s,
+                    task_id, tuple(others[:MAX_PROBE_PEERS]), c.link_probes, size, c.link_probe_timeout_s
                 )
                 self.linkbook.pending[device] = task_id
                 self._publish(self.topics.inbox(device), Message.of(request, run=c.run, sender=SERVER_ID).encode())

@@ -117,6 +117,11 @@ class Relay:
             self._server.close()
             for w in list(self._writers):
                 w.close()
+            tasks = asyncio.all_tasks(loop)
+            for t in tasks:  # every connection's pipes end here, not half-run at interpreter exit
+                t.cancel()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             with contextlib.suppress(Exception):
                 loop.run_until_complete(self._server.wait_closed())
             loop.close()
@@ -139,8 +144,18 @@ class Relay:
             return
         self.connections += 1
         self._writers.update((writer, up_writer))
+        pipes = [
+            asyncio.ensure_future(self._pipe(reader, up_writer)),
+            asyncio.ensure_future(self._pipe(up_reader, writer)),
+        ]
         try:
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+            # a direction that fails (a reset) ends the connection both ways, as on a real link
+            done, pending = await asyncio.wait(pipes, return_when=asyncio.FIRST_EXCEPTION)
+            if any(t.exception() is not None for t in done if not t.cancelled()):
+                for t in pending:
+                    t.cancel()
+            else:
+                await asyncio.gather(*pending, return_exceptions=True)
         finally:
             for w in (writer, up_writer):
                 self._writers.discard(w)
@@ -155,7 +170,7 @@ class Relay:
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Copy one direction, each chunk ``_delay_s`` after it was read, in order."""
-        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=64)  # 4 MiB in flight: backpressure
 
         async def deliver() -> None:
             while True:
@@ -176,12 +191,15 @@ class Relay:
             while True:
                 data = await reader.read(CHUNK)
                 last = max(last, time.monotonic() + self._delay_s())  # never overtakes the chunk before
-                await queue.put((last, data))
+                put = asyncio.ensure_future(queue.put((last, data)))
+                await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)
+                if sender.done() and not put.done():  # the far side failed: nothing will drain the queue
+                    put.cancel()
+                    sender.result()  # its error ends this direction, and the connection with it
+                    return
                 if not data:
                     break
             await sender
-        except (OSError, asyncio.IncompleteReadError):
-            sender.cancel()
         finally:
             if not sender.done():
                 sender.cancel()

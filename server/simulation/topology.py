@@ -32,7 +32,6 @@ per-device rates: a chain hands its model on in turn, parallel members work at o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +41,7 @@ import numpy as np
 
 from device.errors import ConfigError
 from server.costs import CostModel
-from server.links import LinkMatrices
+from server.links import LinkMatrices, shannon_snr_db
 from server.strategies.base import GroupResult, RoundPlan
 
 try:  # Python 3.11+
@@ -70,10 +69,11 @@ class LinkProfile:
         return self.latency_ms / 1000.0 + 8.0 * n_bytes / self.goodput_bps
 
     def snr(self, bandwidth_hz: float) -> float:
-        """The stated SNR, else the one at which ``bandwidth_hz`` carries the goodput."""
+        """The stated SNR, else the one at which ``bandwidth_hz`` carries the goodput
+        (:func:`server.links.shannon_snr_db`, capped like a measured one)."""
         if self.snr_db is not None:
             return self.snr_db
-        return 10.0 * math.log10(2.0 ** (self.goodput_bps / bandwidth_hz) - 1.0)
+        return shannon_snr_db(self.goodput_bps, bandwidth_hz)
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ def test_unreadable_password_file(tmp_path: Path) -> None:  # pragma: no cover -
         (["--allow-devices", "{list}"], "dev000\nbad/id\n", ["--allow-devices", "line 2", "bad/id"]),
         (["--allow-devices", "{list}"], "# nobody\n\n", ["--allow-devices", "names no device"]),
         (["--allow-devices", "/nonexistent/devices.txt"], None, ["--allow-devices", "/nonexistent/devices.txt"]),
+        (["--allow-devices", "{list}"], "dev000\n\udcff\n", ["--allow-devices", "not UTF-8"]),
         (["--allow-devices", "{list}", "--min-devices", "3"], "dev000\ndev001\n", ["only 2 devices", "--min-devices"]),
         (["--max-devices", "0"], None, ["--max-devices", "at least 1"]),
         (["--round-attempts", "0"], None, ["--round-attempts", "at least 1"]),
@@ -177,7 +178,7 @@ def test_admission_and_screening_mistakes(
 ) -> None:
     listing = tmp_path / "devices.txt"
     if list_text is not None:
-        listing.write_text(list_text)
+        listing.write_bytes(list_text.encode("utf-8", "surrogateescape"))
     state = tmp_path / "state"
     proc = covey(*RUN_ARGS, "--state-dir", str(state), *[a.replace("{list}", str(listing)) for a in argv])
     assert_one_line_error(proc, *needles)
@@ -216,4 +217,8 @@ def test_covey_links_prints_a_runs_matrices_and_says_what_is_wrong_otherwise(tmp
     # Assert
     assert shown.returncode == 0 and "3.5*" in shown.stdout and "RTT" in shown.stdout, shown.stderr
     assert_one_line_error(no_links, "holds no link measurements")
+    (tmp_path / "bent.json").write_text(
+        json.dumps({"links": {**json.loads((run / "results.json").read_text())["links"], "snr_source": [["measured"]]}})
+    )
+    assert_one_line_error(covey("links", str(tmp_path / "bent.json")), "links are malformed")
     assert_one_line_error(covey("links", str(tmp_path / "nothing")), "cannot read it")

@@ -62,3 +62,19 @@ def test_round_trip_through_json_and_a_readable_table() -> None:
     assert np.allclose(back.snr_db, m.snr_db, atol=1e-3) and (back.snr_source == m.snr_source).all()
     text = m.table()
     assert "SNR" in text and "RTT" in text and "3.0*" in text and "measured" in text
+
+
+def test_a_link_faster_than_any_radio_ranks_best_not_worst() -> None:
+    reports = {
+        "a": report(PathReport("server", 3, 3, 0.5, 0.1, 1.3e9)),  # a wired LAN at B = 20 MHz: C/B = 65
+        "b": report(PathReport("server", 3, 3, 9.0, 0.1, 10e6)),
+    }
+    m = build_link_matrices(["a", "b"], reports, {})
+    assert m.snr_db is not None and m.snr_source[0, 0] == "measured"
+    assert m.snr_db[0, 0] > m.snr_db[1, 1] and np.isfinite(m.snr_db[0, 0])
+
+
+def test_rtt_known_only_from_the_server_is_never_filled_as_zero() -> None:
+    m = build_link_matrices(["a", "b"], {}, {"a": 12.0})
+    assert m.rtt_ms is not None
+    assert m.rtt_ms[0, 1] == m.rtt_ms[1, 0] == 24.0 and m.rtt_source[0, 1] == "worst measured"

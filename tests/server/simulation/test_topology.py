@@ -107,3 +107,10 @@ def test_a_topology_for_another_number_of_clients_is_refused() -> None:
     topology = parse_topology({"site": [{"name": "a", "devices": 3, "bandwidth_mbps": 5}]})
     with pytest.raises(ConfigError, match="places 3 devices but the simulation has 4 clients"):
         topology.site_of(["a", "b", "c", "d"])
+
+
+def test_a_link_far_beyond_its_bandwidth_caps_its_snr_instead_of_overflowing() -> None:
+    topology = parse_topology({"bandwidth_mhz": 1, "site": [{"name": "a", "devices": 2, "bandwidth_mbps": 2000}]})
+    m = link_matrices(topology, ["x", "y"])
+    assert m.snr_db is not None and np.isfinite(m.snr_db).all() and m.snr_db[0, 0] > 100
+    assert "t" in m.table().splitlines()[2]  # marked as from a topology file, not as a guess
