@@ -101,27 +101,35 @@ def _decode(tree: Any, arrays: Any) -> Any:
 
 
 def save(state: dict[str, Any], directory: Path, name: str = "checkpoint") -> None:
-    """Write ``name.json`` and ``name.npz``: each to a temporary file, flushed to disk,
-    then renamed, the arrays first. The JSON names the arrays' digest, so a crash
-    between the two renames is detected on load instead of mixing two checkpoints."""
+    """Write ``name.json`` and its arrays, ``name-<digest>.npz``: each to a temporary
+    file, flushed to disk, then renamed, the arrays first. The arrays' file is named by
+    its content and the JSON names it, so the JSON's rename switches from one whole
+    checkpoint to the next: a crash at any point leaves the old one or the new one
+    (a kill -9 between two fixed-name renames once left a pair that could not be
+    resumed). Arrays no JSON names any more are removed afterwards."""
     enc = _Encoder()
     tree = enc.encode(state)
     buffer = io.BytesIO()
     np.savez(buffer, **enc.arrays)  # type: ignore[arg-type]
     arrays = buffer.getvalue()
-    doc = {"arrays_sha256": hashlib.sha256(arrays).hexdigest(), "state": tree}
-    atomic_write(directory / f"{name}.npz", arrays)
+    digest = hashlib.sha256(arrays).hexdigest()
+    arrays_name = f"{name}-{digest[:16]}.npz"
+    doc = {"arrays_sha256": digest, "arrays": arrays_name, "state": tree}
+    atomic_write(directory / arrays_name, arrays)
     atomic_write(directory / f"{name}.json", json.dumps(doc).encode())
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)  # the renames themselves
     finally:
         os.close(fd)
+    for old in [*directory.glob(f"{name}-*.npz"), directory / f"{name}.npz"]:
+        if old.name != arrays_name:
+            old.unlink(missing_ok=True)
 
 
 def remove(directory: Path, name: str) -> None:
-    for suffix in (".json", ".npz"):
-        (directory / f"{name}{suffix}").unlink(missing_ok=True)
+    for path in [directory / f"{name}.json", directory / f"{name}.npz", *directory.glob(f"{name}-*.npz")]:
+        path.unlink(missing_ok=True)
 
 
 def load(directory: Path, name: str = "checkpoint") -> dict[str, Any] | None:
@@ -131,11 +139,14 @@ def load(directory: Path, name: str = "checkpoint") -> dict[str, Any] | None:
         return None
     try:
         doc = json.loads(path.read_text())
-        data = (directory / f"{name}.npz").read_bytes()
         if not isinstance(doc, dict) or "state" not in doc:
             raise ValueError("not a covey checkpoint")
+        arrays_name = doc.get("arrays", f"{name}.npz")  # checkpoints before content-named arrays
+        if not isinstance(arrays_name, str) or Path(arrays_name).name != arrays_name:
+            raise ValueError(f"its arrays file {arrays_name!r} is not a file name in {directory}")
+        data = (directory / arrays_name).read_bytes()
         if hashlib.sha256(data).hexdigest() != doc.get("arrays_sha256"):
-            raise ValueError(f"{name}.npz does not belong to {name}.json (interrupted write?)")
+            raise ValueError(f"{arrays_name} does not belong to {name}.json (altered or copied by hand?)")
         with np.load(io.BytesIO(data), allow_pickle=False) as arrays:
             state = _decode(doc["state"], arrays)
     except (OSError, ValueError, KeyError, AttributeError, ImportError) as exc:

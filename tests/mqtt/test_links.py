@@ -43,7 +43,7 @@ def test_links_are_measured_between_agents_and_filled_for_a_silent_peer(broker, 
 
         # Execute
         with caplog.at_level(logging.WARNING, logger="covey.server"):
-            m = coord.measure_links()
+            m = coord.measure_links(timeout=8.0)  # per device: the silent one is given up on after 8 s
             garbage = json.loads(
                 Message.of(LinkReport("x", (PathReport("server", 3, 3, 1.0),)), run=run, sender="ghost").encode()
             )

@@ -48,14 +48,36 @@ def test_foreign_or_broken_checkpoints_are_refused(tmp_path) -> None:
     (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
     with pytest.raises(ConfigError, match="outside covey"):
         checkpoint.load(tmp_path)
-    # a crash between the two renames leaves arrays of another checkpoint: refused, not mixed
+    # arrays that do not match the JSON's digest: refused, not mixed
     checkpoint.save({"x": np.arange(3)}, tmp_path)
-    keep = (tmp_path / "checkpoint.json").read_text()
-    checkpoint.save({"x": np.arange(4)}, tmp_path)
-    (tmp_path / "checkpoint.json").write_text(keep)
+    (arrays,) = tmp_path.glob("checkpoint-*.npz")
+    data = arrays.read_bytes()
+    arrays.write_bytes(data[:-1] + bytes([data[-1] ^ 0xFF]))
     with pytest.raises(ConfigError, match="does not belong"):
+        checkpoint.load(tmp_path)
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    (tmp_path / "checkpoint.json").write_text(json.dumps({**doc, "arrays": "../../etc/passwd"}))
+    with pytest.raises(ConfigError, match="not a file name"):
         checkpoint.load(tmp_path)
     (tmp_path / "checkpoint.json").write_text("{broken")
     with pytest.raises(ConfigError, match="cannot be read"):
         checkpoint.load(tmp_path)
     assert checkpoint.load(tmp_path / "nowhere") is None
+
+
+def test_a_crash_between_the_two_renames_leaves_the_last_whole_checkpoint(tmp_path) -> None:
+    # Prepare: checkpoint 1 saved; checkpoint 2's arrays renamed in place, its JSON not yet
+    checkpoint.save({"x": np.arange(3)}, tmp_path)
+    checkpoint.save({"x": np.arange(4)}, tmp_path / "next")
+    (newer,) = (tmp_path / "next").glob("checkpoint-*.npz")
+    newer.rename(tmp_path / newer.name)
+
+    # Execute
+    state = checkpoint.load(tmp_path)
+
+    # Assert: the old checkpoint, whole; the next save removes the orphaned arrays
+    assert state is not None and list(state["x"]) == [0, 1, 2]
+    checkpoint.save({"x": np.arange(5)}, tmp_path)
+    assert len(list(tmp_path.glob("checkpoint-*.npz"))) == 1
+    checkpoint.remove(tmp_path, "checkpoint")
+    assert not list(tmp_path.glob("checkpoint*"))
