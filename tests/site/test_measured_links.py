@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +79,6 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path) -> None:
             )
 
         # Execute: the coordinator as a site runs it; one DSC round after measuring
-        started = time.monotonic()
         done = lab.run(
             server,
             [
@@ -94,7 +91,6 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path) -> None:
             env=env,
             cwd=REPO,
         )
-        elapsed = time.monotonic() - started
 
     # Assert
     assert done.returncode == 0, done.stderr[-3000:]
@@ -115,4 +111,3 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path) -> None:
     assert adjusted_rand_score(sites, primary) == 1.0, (np.round(sym, 1), primary)
     by_site = {s: float(np.mean([gamma[i, i] for i, b in enumerate(ids) if b[0] == s])) for s in SITES}
     assert by_site["a"] > by_site["b"] > by_site["c"], by_site  # the faster the link, the higher its SNR
-    assert elapsed < 900 and socket.gethostname()  # the run and the lab closed in time
