@@ -81,7 +81,7 @@ def test_a_device_breaking_three_rules_gets_three_named_failures(broker, tmp_pat
     try:
         # Execute
         report = run_conformance(
-            broker.host, broker.port, "conf-bad", "broken1", ensure_model("mlp_femnist"), timeout=30
+            broker.host, broker.port, "conf-bad", "broken1", ensure_model("mlp_femnist"), timeout=12
         )
     finally:
         device.terminate()

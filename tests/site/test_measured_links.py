@@ -32,7 +32,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not OK, reason=f"this machine cannot create network namespaces: {WHY}"),
 ]
-SITES = {"a": 64.0, "b": 16.0, "c": 4.0}  # Mbit/s of every board's link at the site
+SITES = {"a": 128.0, "b": 32.0, "c": 8.0}  # Mbit/s of every board's link at the site
 PER_SITE = 4
 
 
