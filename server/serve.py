@@ -207,7 +207,11 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 bar.refresh()
 
             coord.wait_for_devices(o.min_devices, o.register_timeout, progress=registered)
-        coord.measure_links()
+        if progress:  # on a slow site this takes a while before round 1
+            print(f"measuring the links of {len(coord.ready_devices())} devices (docs/links.md) ...", flush=True)
+        links = coord.measure_links()
+        if progress:
+            print(f"links: SNR entries {links.counts('snr')}, RTT entries {links.counts('rtt')}", flush=True)
         if not resumed:
             coord.setup_strategy()
         coord.driver.last_round = o.rounds

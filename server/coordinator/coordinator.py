@@ -426,6 +426,7 @@ class Coordinator(Persistence):
         n_peers = min(len(online) - 1, MAX_PROBE_PEERS)
         budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * (n_peers + 1) + 10
         wave = max(1, c.link_probe_parallel)
+        log.info("measuring the links of %d devices, %d at a time (docs/links.md)", len(online), wave)
         give_up = time.monotonic() + c.link_measure_max_s
         for first in range(0, len(online), wave):  # a few devices at a time: their probes do not queue behind others'
             if time.monotonic() > give_up:
