@@ -159,17 +159,27 @@ def read_wifi(proc_path: Path = Path("/proc/net/wireless"), run: Runner = _run) 
     return readings[0] if readings else None
 
 
+MAX_SPECTRAL_EFFICIENCY = 60.0  # bit/s/Hz: beyond any radio (a loopback, or a wired LAN at a small B)
+
+
+def shannon_snr_db(goodput_bps: float, bandwidth_hz: float) -> float:
+    """The SNR (dB) at which ``bandwidth_hz`` carries ``goodput_bps`` (Shannon:
+    ``C = B log2(1 + SNR)``), with ``C / B`` capped at :data:`MAX_SPECTRAL_EFFICIENCY`
+    (about 180 dB): a faster link ranks best and never overflows."""
+    ratio = min(goodput_bps / bandwidth_hz, MAX_SPECTRAL_EFFICIENCY)
+    return 10.0 * math.log10(2.0**ratio - 1.0) if ratio > 0 else -math.inf
+
+
 def effective_snr_db(n_bytes: int, seconds: float, bandwidth_hz: float) -> float | None:
     """The SNR (dB) at which a channel of ``bandwidth_hz`` carries ``n_bytes`` in
-    ``seconds`` (Shannon: ``C = B log2(1 + SNR)``); None for a transfer too small or
-    too short to say."""
+    ``seconds`` (:func:`shannon_snr_db`); None for a transfer too small or too short to
+    say, or faster than any radio (a loopback or a cached transfer, not a link)."""
     if n_bytes <= 0 or seconds <= 0 or bandwidth_hz <= 0:
         return None
     capacity = 8.0 * n_bytes / seconds
-    ratio = capacity / bandwidth_hz
-    if ratio > 60:  # beyond any radio: a loopback or a cached transfer, not a link
+    if capacity / bandwidth_hz > MAX_SPECTRAL_EFFICIENCY:
         return None
-    return 10.0 * math.log10(2.0**ratio - 1.0) if ratio > 0 else None
+    return shannon_snr_db(capacity, bandwidth_hz)
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,10 @@ client-to-server link, the off-diagonal entries client-to-client links. covey me
 exactly that on the real network (:mod:`device.probing`): each device times a probe of
 a few hundred kilobytes to the server and to every peer along the path a model takes,
 and the goodput ``C`` becomes an *effective* SNR through Shannon's ``C = B·log2(1 +
-SNR)`` with a stated bandwidth ``B`` (:func:`device.link.effective_snr_db`; 20 MHz, one
-Wi-Fi channel, unless set). FedAvg-IC (Lee et al., Eq. 3) and HierFAVG take the RTT
-matrix as the communication distance.
+SNR)`` with a stated bandwidth ``B`` (:func:`device.link.shannon_snr_db`, capped so a
+link faster than any radio ranks best; 20 MHz, one Wi-Fi channel, unless set).
+FedAvg-IC (Lee et al., Eq. 3) and HierFAVG take the RTT matrix as the communication
+distance.
 
 Every entry says where it came from (:data:`EntrySource`):
 
@@ -33,22 +34,13 @@ from typing import Any, Literal
 
 import numpy as np
 
-from device.link import rtt_stats
+from device.link import rtt_stats, shannon_snr_db
 from device.protocol import SERVER_ID, LinkReport, PathReport
 
 EntrySource = Literal[
     "measured", "reverse", "via server", "bottleneck", "wifi", "worst measured", "self", "missing", "topology"
 ]
 DEFAULT_BANDWIDTH_HZ = 20e6
-MAX_SPECTRAL_EFFICIENCY = 60.0  # bit/s/Hz: beyond any radio (a wired LAN at a small B); SNR capped at ~180 dB
-
-
-def shannon_snr_db(goodput_bps: float, bandwidth_hz: float) -> float:
-    """The SNR (dB) at which ``bandwidth_hz`` carries ``goodput_bps`` (Shannon), with
-    ``C / B`` capped at :data:`MAX_SPECTRAL_EFFICIENCY`: a faster link ranks best, never
-    overflows and is never taken for a missing one."""
-    ratio = min(goodput_bps / bandwidth_hz, MAX_SPECTRAL_EFFICIENCY)
-    return 10.0 * math.log10(2.0**ratio - 1.0) if ratio > 0 else -math.inf
 
 
 @dataclass(frozen=True)

@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 
 from device.errors import ConfigError
+from device.link import shannon_snr_db
 from server.costs import CostModel
-from server.links import LinkMatrices, shannon_snr_db
+from server.links import LinkMatrices
 from server.strategies.base import GroupResult, RoundPlan
 
 try:  # Python 3.11+
@@ -70,7 +71,7 @@ class LinkProfile:
 
     def snr(self, bandwidth_hz: float) -> float:
         """The stated SNR, else the one at which ``bandwidth_hz`` carries the goodput
-        (:func:`server.links.shannon_snr_db`, capped like a measured one)."""
+        (:func:`device.link.shannon_snr_db`, capped like a measured one)."""
         if self.snr_db is not None:
             return self.snr_db
         return shannon_snr_db(self.goodput_bps, bandwidth_hz)
