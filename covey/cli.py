@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from covey import server_commands, simulation_commands, site_commands
+from covey import field_commands, server_commands, simulation_commands, site_commands
 from covey.simulation_commands import parse_seeds
 from device.errors import CoveyError
 
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     server_commands.add_parsers(sub)
     site_commands.add_parsers(sub)
+    field_commands.add_parsers(sub)
 
     device = sub.add_parser("device", help="the device agent (same as covey-device)")
     device_sub = device.add_subparsers(dest="device_command", required=True, metavar="ACTION")

@@ -10,9 +10,11 @@ subscriptions are renewed on every connect.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import socket
 import ssl
 import threading
 import time
@@ -183,10 +185,19 @@ class MqttLink:
         self._client.max_inflight_messages_set(64)
         self._client.max_queued_messages_set(0)
         self._client.on_connect = self._on_connect
+        self._client.on_socket_open = self._on_socket_open
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
 
     # -- callbacks (network thread: never block) -----------------------------------------
+    @staticmethod
+    def _on_socket_open(client, userdata, sock) -> None:  # type: ignore[no-untyped-def]
+        """Small messages (requests, probes, acknowledgements) leave at once: without
+        TCP_NODELAY, Nagle holds one until the previous segment's ACK, which the peer's
+        delayed ACK keeps back up to 40 ms (the broker's config sets the same)."""
+        with contextlib.suppress(OSError, AttributeError, ValueError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         if reason_code.is_failure:
             self._refused = str(reason_code)

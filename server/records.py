@@ -62,8 +62,8 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in row.items():
         if isinstance(value, dict):
             out.update({f"{key}_{k}": v for k, v in value.items()})
-        elif isinstance(value, list):
-            out[key] = ";".join(str(v) for v in value)
+        elif isinstance(value, list):  # ids; groups of ids as "a b;c d"
+            out[key] = ";".join(" ".join(v) if isinstance(v, list) else str(v) for v in value)
         else:
             out[key] = value
     return out

@@ -140,6 +140,7 @@ class RoundRecord:
     trained_ids: list[str] = field(default_factory=list)  # whose results this round's models hold
     rejected: dict[str, int] = field(default_factory=dict)
     t_round_s: float = float("nan")  # modelled time of the round (simulation: on the topology's links)
+    groups: list[list[str]] = field(default_factory=list)  # the groups as the strategy reports them
 
 
 ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]
@@ -317,6 +318,7 @@ class RoundDriver:
             trained_ids=sorted(m.client_id for r in results for m in r.members),
             rejected=rejected,
             t_round_s=costs.get("t_round_s", float("nan")),
+            groups=[sorted(g) for g in summary.groups],
         )
         self.records.append(record)
         return record

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -148,6 +149,20 @@ class Lab:
         return subprocess.run(
             host.argv(argv), capture_output=True, text=True, timeout=timeout, env=env or dict(os.environ), cwd=cwd
         )
+
+    def wait_for_port(self, host: Host, ip: str, port: int, timeout: float = 30.0) -> None:
+        """Return once ``ip:port`` accepts a TCP connection from inside ``host``."""
+        probe = (
+            "import socket,sys,time\n"
+            f"end=time.monotonic()+{timeout}\n"
+            "while True:\n"
+            f"    try: socket.create_connection(({ip!r}, {port}), 1).close(); sys.exit(0)\n"
+            "    except OSError:\n"
+            "        if time.monotonic()>end: sys.exit(1)\n"
+            "        time.sleep(0.1)\n"
+        )
+        if self.run(host, [sys.executable, "-c", probe], timeout=timeout + 10).returncode != 0:
+            raise TransportError(f"nothing accepted connections on {ip}:{port} from {host.name} within {timeout:g} s")
 
     def close(self) -> None:
         for proc in self.processes:

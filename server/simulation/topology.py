@@ -12,6 +12,7 @@ as DSC's D2D links or two boards on one access point)::
     bandwidth_mbps = 50           # each device's link to the server, both ways
     latency_ms = 2                # one way
     loss = 0.0                    # fraction of packets lost (goodput scales by 1 - loss)
+    # jitter_ms = 0               # uniform extra one-way delay, 0..jitter_ms (field tests)
     # snr_db = 25                 # optional; else the SNR that carries the bandwidth
 
     [[link]]                      # optional: devices of these sites talk directly
@@ -54,12 +55,14 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 @dataclass(frozen=True)
 class LinkProfile:
     """One link: goodput ``bandwidth_mbps`` (Mbit/s), one-way ``latency_ms``, ``loss``
-    fraction and, optionally, a stated ``snr_db``."""
+    fraction, optionally a stated ``snr_db``, and ``jitter_ms`` (a uniform extra one-way
+    delay; only a field test's relay applies it, the time model uses the mean latency)."""
 
     bandwidth_mbps: float
     latency_ms: float = 0.0
     loss: float = 0.0
     snr_db: float | None = None
+    jitter_ms: float = 0.0
 
     @property
     def goodput_bps(self) -> float:
@@ -133,16 +136,19 @@ def _number(raw: Mapping[str, Any], key: str, where: str, low: float, high: floa
 
 
 def _profile(raw: Mapping[str, Any], where: str) -> LinkProfile:
-    known = {"name", "devices", "sites", "bandwidth_mbps", "latency_ms", "loss", "snr_db"}
+    known = {"name", "devices", "sites", "bandwidth_mbps", "latency_ms", "loss", "snr_db", "jitter_ms"}
     unknown = sorted(set(raw) - known)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: bandwidth_mbps, latency_ms, loss, snr_db)")
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r} (known: bandwidth_mbps, latency_ms, jitter_ms, loss, snr_db)"
+        )
     snr = raw.get("snr_db")
     return LinkProfile(
         _number(raw, "bandwidth_mbps", where, 1e-3, 1e6, None),
         _number(raw, "latency_ms", where, 0, 60_000, 0.0),
         _number(raw, "loss", where, 0, 0.99, 0.0),
         None if snr is None else _number(raw, "snr_db", where, -200, 100, None),
+        _number(raw, "jitter_ms", where, 0, 60_000, 0.0),
     )
 
 

@@ -148,6 +148,8 @@ def config_text(
         "autosave_interval 60",
         "max_inflight_messages 64",
         "max_queued_messages 10000",
+        "# Small messages (requests, probes, acknowledgements) leave at once, not after an ACK (Nagle).",
+        "set_tcp_nodelay true",
         "",
         f"# TLS for the LAN: boards and the coordinator on port {port}.",
         f"listener {port}",

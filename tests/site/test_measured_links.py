@@ -36,19 +36,6 @@ SITES = {"a": 128.0, "b": 32.0, "c": 8.0}  # Mbit/s of every board's link at the
 PER_SITE = 4
 
 
-def _wait_for_broker(lab: Lab, host, ip: str, port: int, timeout: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    probe = (
-        "import socket,sys,time\n"
-        f"end=time.monotonic()+{timeout}\n"
-        "while True:\n"
-        f"    try: socket.create_connection(('{ip}', {port}), 1).close(); sys.exit(0)\n"
-        "    except OSError:\n"
-        "        if time.monotonic()>end: sys.exit(1)\n"
-        "        time.sleep(0.2)\n"
-    )
-    assert lab.run(host, [sys.executable, "-c", probe], timeout=timeout + 10).returncode == 0, "broker not up"
-
-
 def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path) -> None:
     # Prepare: the lab, the broker, one agent per board, each site's links shaped
     root = femnist_root()
@@ -66,7 +53,7 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path) -> None:
         conf = tmp_path / "mosquitto.conf"
         conf.write_text(local_config_text(LOCAL_CONF, port, broker.ip))
         lab.start(broker, ["mosquitto", "-c", str(conf)], log=tmp_path / "broker.log")
-        _wait_for_broker(lab, server, broker.ip, port)
+        lab.wait_for_port(server, broker.ip, port)
         for b, writer in zip(boards, writers, strict=True):
             agent = [sys.executable, "-m", "device.cli", "--broker", f"{broker.ip}:{port}", "--run", run]
             agent += ["--id", b, "--data", str(root / "train"), "--user", writer, "--state-dir", str(tmp_path / b)]

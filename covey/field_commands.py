@@ -1,0 +1,149 @@
+"""``covey field-test TOPOLOGY --strategy NAME``: a field test rehearsed on this machine.
+
+Builds the topology's network out of Linux network namespaces (server/field/), runs
+the real broker, coordinator and agents on it, and reports accuracy against wall time
+and the links covey measured next to the topology's (docs/links.md, "Field tests").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from device.errors import ConfigError
+
+DEFAULT_MODEL = "mlp_femnist"
+
+
+def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
+    """What ``covey server run`` gets besides the lab's broker, run, devices and data.
+    Every device trains each round unless ``--set clients_per_round=`` says otherwise:
+    a field test is about the whole site's links."""
+    from server.simulation.config import parse_assignments
+    from server.strategies import strategy_parameters
+
+    out = ["--strategy", args.strategy, "--model", args.model, "--rounds", str(args.rounds)]
+    out += ["--deadline", str(args.deadline), "--register-timeout", str(args.register_timeout)]
+    out += ["--federated-eval-every", "0", "--link-bandwidth-mhz", str(args.link_bandwidth_mhz)]
+    for flag in ("epochs", "batch", "lr"):
+        value = getattr(args, flag)
+        if value is not None:
+            out += [f"--{flag}", str(value)]
+    for assignment in args.set or []:
+        out += ["--set", assignment]
+    given = parse_assignments(args.set)
+    if "clients_per_round" in strategy_parameters(args.strategy) and "clients_per_round" not in given:
+        out += ["--set", f"clients_per_round={n_devices}"]
+    return out
+
+
+def _check(args: argparse.Namespace) -> None:
+    from server.simulation.config import parse_assignments
+    from server.strategies import strategy_parameters
+
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.target is not None and not 0 < args.target <= 100:
+        raise ConfigError(f"--target is an accuracy in percent (0 to 100], got {args.target:g}")
+    accepted = strategy_parameters(args.strategy)  # an unknown strategy names the known ones
+    unknown = sorted(set(parse_assignments(args.set)) - accepted)
+    if unknown:
+        raise ConfigError(f"--set {unknown[0]}: {args.strategy} takes {', '.join(sorted(accepted))}")
+
+
+def _class_counts(root: Path, writers: dict[str, str]) -> dict[str, object]:
+    import numpy as np
+
+    from device.data import class_counts, read_leaf
+
+    train = read_leaf(root / "train")
+    n_classes = 1 + max(int(np.max(train[w].y)) for w in writers.values() if len(train[w].y))
+    return {d: class_counts(train[w].y, n_classes) for d, w in writers.items()}
+
+
+def _cmd_field_test(args: argparse.Namespace) -> int:
+    from server.field.fieldtest import plan_field_test, run_field_test
+    from server.field.report import build_report, format_report, plot_field
+    from server.paths import ensure_model, femnist_dir
+
+    _check(args)
+    topology_path = Path(args.topology)
+    out = Path(args.out) if args.out else Path("runs") / "field" / f"{topology_path.stem}-{args.strategy}"
+    root = Path(args.data_dir) if args.data_dir else femnist_dir()
+    plan = plan_field_test(topology_path, root, out, [], seed=args.seed, timeout_s=args.timeout)
+    plan = replace(plan, server_args=tuple(_server_args(args, len(plan.devices))))
+    print(f"building or loading the {args.model} model ...", flush=True)
+    ensure_model(args.model)
+    sites = ", ".join(
+        f"{s.name}: {s.devices} x {s.link.bandwidth_mbps:g} Mbit/s, {s.link.latency_ms:g} ms"
+        + (f" ±{s.link.jitter_ms:g}" if s.link.jitter_ms else "")
+        + (f", {100 * s.link.loss:g} % loss" if s.link.loss else "")
+        for s in plan.topology.sites
+    )
+    print(f"field test of {args.strategy} on {topology_path} ({sites}); logs in {plan.log_dir}", flush=True)
+    start = time.perf_counter()
+    run_field_test(plan)
+    doc = json.loads((plan.state_dir / "results.json").read_text())
+    site_of = {d.device_id: d.site for d in plan.devices}
+    counts = _class_counts(root, {d.device_id: d.writer for d in plan.devices})
+    report = build_report(
+        doc,
+        site_of,
+        strategy=args.strategy,
+        bandwidth_hz=args.link_bandwidth_mhz * 1e6,
+        class_counts=counts,  # type: ignore[arg-type]
+        target=None if args.target is None else args.target / 100,
+    )
+    report.process_wall_s = time.perf_counter() - start
+    (out / "field.json").write_text(json.dumps(_nan_as_null(report.to_dict()), indent=1) + "\n")
+    title = f"{args.strategy} on {topology_path.name}"
+    plot_field({args.strategy: report}, out / "field.png", title=title, target=report.target)
+    print(format_report(report, out))
+    return 0
+
+
+def _nan_as_null(value: object) -> object:
+    """The report as strict JSON: NaN (not measured) as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_as_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_as_null(v) for v in value]
+    return value
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "field-test",
+        help="rehearse a field test: the topology in network namespaces, real broker, coordinator and agents",
+        description="Builds TOPOLOGY's network on this machine (one network namespace per device; bandwidth "
+        "with tbf, latency, jitter and loss with a relay), runs the broker, `covey server run` and one agent "
+        "per device on it, and reports accuracy against wall time and the measured links next to the "
+        "topology's. Needs root and mosquitto.",
+    )
+    p.add_argument("topology", metavar="TOPOLOGY", help="a topology TOML (see examples/topologies/)")
+    p.add_argument("--strategy", required=True, help="strategy name (see `covey strategies`)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategy parameter")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"zoo model (default {DEFAULT_MODEL})")
+    p.add_argument("--rounds", type=int, default=10, help="rounds to run (default 10)")
+    p.add_argument("--epochs", type=int, help="local epochs (default: the method's paper value)")
+    p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
+    p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
+    p.add_argument("--target", type=float, help="accuracy (%%) whose time-to-accuracy the report gives")
+    p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (default: the bundled FEMNIST sample)")
+    p.add_argument("--out", help="report, plot, run state and logs (default runs/field/<topology>-<strategy>)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the run and the relays (default 0)")
+    p.add_argument("--deadline", type=float, default=300.0, help="seconds a device may take per task (default 300)")
+    p.add_argument(
+        "--register-timeout", type=float, default=300.0, help="seconds to wait for every agent (default 300)"
+    )
+    p.add_argument(
+        "--link-bandwidth-mhz", type=float, default=20.0, help="Shannon's B for SNRs from goodput (default 20)"
+    )
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the test is stopped (default 3600)")
+    p.set_defaults(func=_cmd_field_test)

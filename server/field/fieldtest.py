@@ -1,0 +1,224 @@
+"""A field test rehearsed on one machine: ``covey field-test TOPOLOGY --strategy NAME``.
+
+The real broker, the real coordinator (``covey server run``) and one real agent per
+device of the topology, each on its own host of a :class:`~server.field.netns.Lab`:
+
+* a device's link to the broker follows its site's profile: bandwidth with ``tbf`` on
+  both ends of its veth (:meth:`Lab.shape`), latency, jitter and loss with a
+  :class:`~server.field.relay.Relay` in the device's own namespace, which the agent
+  dials instead of the broker;
+* every model, probe and message of covey passes the broker (MQTT is a star), so a
+  topology's ``[[link]]`` between devices is not emulated: a field test shows what
+  covey sees on a network where devices reach each other only through the broker.
+  The topology's values are compared with the star's (:func:`star_topology`);
+* nothing tells covey or the agents the topology: what grouping sees is what the
+  coordinator measures (docs/links.md).
+
+:func:`plan_field_test` checks every setting before anything is created;
+:func:`run_field_test` runs the test and returns where the coordinator wrote its
+results. :mod:`server.field.report` reads them back against the topology.
+Needs root (network namespaces) and mosquitto.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from device.errors import ConfigError, TransportError
+from server.broker import LOCAL_CONF, local_config_text
+from server.field.netns import Lab, available
+from server.fleet import REPO
+from server.simulation.topology import Site, Topology, load_topology
+
+BROKER_PORT = 1883
+RELAY_PORT = 1884  # on each device's own loopback
+
+
+@dataclass(frozen=True)
+class FieldDevice:
+    """One emulated board: its id, its site and the LEAF writer whose data it holds."""
+
+    device_id: str
+    site: Site
+    writer: str
+
+
+@dataclass(frozen=True)
+class FieldTestPlan:
+    """Everything a field test needs, checked (:func:`plan_field_test`)."""
+
+    topology: Topology
+    devices: tuple[FieldDevice, ...]
+    data_root: Path
+    out_dir: Path
+    server_args: tuple[str, ...]  # passed on to ``covey server run``
+    run_id: str = field(default_factory=lambda: f"field{uuid.uuid4().hex[:6]}")
+    seed: int = 0
+    timeout_s: float = 3600.0
+
+    @property
+    def state_dir(self) -> Path:
+        return self.out_dir / "state"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.out_dir / "logs"
+
+
+def device_ids(topology: Topology) -> list[tuple[str, Site]]:
+    """``<site>-<k>`` for each site's devices, in the file's order (the site's name
+    with anything but letters, digits, ``-`` and ``_`` replaced by ``_``)."""
+    out = []
+    for site in topology.sites:
+        slug = re.sub(r"[^A-Za-z0-9_-]", "_", site.name)[:40]
+        out += [(f"{slug}-{k:02d}", site) for k in range(1, site.devices + 1)]
+    if len({d for d, _ in out}) != len(out):
+        raise ConfigError(f"{topology.source}: two sites give the same device ids; name the sites apart")
+    return out
+
+
+def plan_field_test(
+    topology_path: Path | str,
+    data_root: Path,
+    out_dir: Path,
+    server_args: Sequence[str],
+    *,
+    seed: int = 0,
+    timeout_s: float = 3600.0,
+) -> FieldTestPlan:
+    """Check the topology, the data, the machine and the output folder.
+
+    Parameters
+    ----------
+    topology_path
+        A topology TOML (:mod:`server.simulation.topology`).
+    data_root
+        A LEAF folder with ``train/`` and ``test/``; device k holds the k-th writer.
+    out_dir
+        Where the state, logs, report and plot go (created).
+    server_args
+        Options for ``covey server run`` (strategy, model, rounds, ...).
+
+    Returns
+    -------
+    FieldTestPlan
+        Raises :class:`ConfigError` naming the first problem.
+    """
+    from device.data import read_leaf
+
+    topology = load_topology(topology_path)
+    if any(s.link.bandwidth_mbps < 0.1 for s in topology.sites):
+        raise ConfigError(f"{topology.source}: a field test shapes links of 0.1 Mbit/s or more")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a folder")
+    if not (data_root / "train").is_dir() or not (data_root / "test").is_dir():
+        raise ConfigError(f"--data-dir {data_root} needs train/ and test/ folders of LEAF JSON")
+    writers = list(read_leaf(data_root / "train"))
+    ids = device_ids(topology)
+    if len(ids) > len(writers):
+        raise ConfigError(
+            f"{topology.source} has {len(ids)} devices but {data_root / 'train'} only {len(writers)} writers"
+        )
+    if len(ids) > 200:
+        raise ConfigError(f"{topology.source} has {len(ids)} devices; a field test on one machine takes at most 200")
+    ok, why = available()
+    if not ok:
+        raise ConfigError(f"a field test needs network namespaces: {why}")
+    if shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists():
+        raise ConfigError("a field test needs mosquitto (apt install mosquitto)")
+    devices = tuple(FieldDevice(d, s, w) for (d, s), w in zip(ids, writers, strict=False))
+    return FieldTestPlan(topology, devices, data_root, out_dir, tuple(server_args), seed=seed, timeout_s=timeout_s)
+
+
+def _mosquitto() -> str:
+    return shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+
+def _agent_argv(plan: FieldTestPlan, device: FieldDevice, broker: str) -> list[str]:
+    return [
+        *(sys.executable, "-m", "device.cli", "--broker", broker, "--run", plan.run_id, "--id", device.device_id),
+        *("--data", str(plan.data_root / "train"), "--test", str(plan.data_root / "test"), "--user", device.writer),
+        *("--state-dir", str(plan.out_dir / "devices" / device.device_id), "--threads", "1"),
+        *("--idle-timeout", str(int(plan.timeout_s)), "-v"),
+    ]
+
+
+def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> float:
+    """Run the field test of ``plan``; returns the coordinator's wall time in seconds.
+
+    The lab (namespaces, processes) is removed on return, also on failure. The
+    coordinator's output goes to this process's (``echo``) and to ``logs/server.log``.
+    Raises :class:`TransportError` when the broker does not come up or the coordinator
+    fails (its last lines in the message).
+    """
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    with Lab() as lab:
+        broker = lab.add_host("broker")
+        server = lab.add_host("server")
+        hosts = {d.device_id: lab.add_host(f"d{i + 1:03d}") for i, d in enumerate(plan.devices)}
+        conf = plan.out_dir / "mosquitto.conf"
+        conf.write_text(local_config_text(LOCAL_CONF, BROKER_PORT, broker.ip))
+        lab.start(broker, [_mosquitto(), "-c", str(conf)], log=plan.log_dir / "broker.log")
+        lab.wait_for_port(server, broker.ip, BROKER_PORT)
+        for i, d in enumerate(plan.devices):
+            host, link = hosts[d.device_id], d.site.link
+            lab.shape(host, link.bandwidth_mbps)
+            address = f"{broker.ip}:{BROKER_PORT}"
+            if link.latency_ms or link.jitter_ms or link.loss:
+                relay = [sys.executable, "-m", "server.field.relay", "--listen", f"127.0.0.1:{RELAY_PORT}"]
+                relay += ["--to", address, "--latency-ms", str(link.latency_ms), "--jitter-ms", str(link.jitter_ms)]
+                relay += ["--loss", str(link.loss), "--seed", str(plan.seed * 1000 + i)]
+                lab.start(host, relay, log=plan.log_dir / f"relay-{d.device_id}.log", env=env, cwd=REPO)
+                lab.wait_for_port(host, "127.0.0.1", RELAY_PORT)
+                address = f"127.0.0.1:{RELAY_PORT}"
+            lab.start(host, _agent_argv(plan, d, address), log=plan.log_dir / f"{d.device_id}.log", env=env, cwd=REPO)
+        argv = [*(sys.executable, "-m", "covey.cli", "server", "run", "--broker", f"{broker.ip}:{BROKER_PORT}")]
+        argv += ["--run", plan.run_id, "--min-devices", str(len(plan.devices)), "--state-dir", str(plan.state_dir)]
+        argv += ["--eval-data", str(plan.data_root), "--seed", str(plan.seed), *plan.server_args]
+        start = time.perf_counter()
+        tail = _run_tee(server.argv(argv), plan.log_dir / "server.log", env, plan.timeout_s, echo)
+        wall = time.perf_counter() - start
+    if tail is not None:
+        raise TransportError(
+            f"the coordinator failed ({tail.splitlines()[-1]}); its log: {plan.log_dir / 'server.log'}"
+            if echo
+            else f"the coordinator failed; its last lines ({plan.log_dir / 'server.log'}):\n{tail}"
+        )
+    return wall
+
+
+def _run_tee(argv: list[str], log: Path, env: dict[str, str], timeout_s: float, echo: bool) -> str | None:
+    """Run ``argv``, its output to ``log`` and (``echo``) to stdout; ``None`` when it
+    succeeded, else the last lines of its output. Killed after ``timeout_s``."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        watchdog = threading.Timer(timeout_s, proc.kill)
+        watchdog.start()
+        assert proc.stdout is not None
+        try:
+            while chunk := proc.stdout.read1(65536):  # b"" once the coordinator exits (or is killed)
+                out.write(chunk)
+                if echo:  # as it comes: progress bars redraw with "\r", not "\n"
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.flush()
+            code = proc.wait(timeout=30)
+        finally:
+            watchdog.cancel()
+            if proc.poll() is None:
+                proc.kill()
+    if code == 0:
+        return None
+    lines = log.read_text(errors="replace").splitlines()
+    reason = f"killed after {timeout_s:g} s" if code == -9 else f"exit status {code}"
+    return "\n".join([*lines[-15:], f"({reason})"])
