@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -99,22 +98,11 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
         target=None if args.target is None else args.target / 100,
     )
     report.process_wall_s = time.perf_counter() - start
-    (out / "field.json").write_text(json.dumps(_nan_as_null(report.to_dict()), indent=1) + "\n")
+    (out / "field.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     title = f"{args.strategy} on {topology_path.name}"
     plot_field({args.strategy: report}, out / "field.png", title=title, target=report.target)
     print(format_report(report, out))
     return 0
-
-
-def _nan_as_null(value: object) -> object:
-    """The report as strict JSON: NaN (not measured) as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_as_null(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nan_as_null(v) for v in value]
-    return value
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -207,7 +207,7 @@ def _run_tee(argv: list[str], log: Path, env: dict[str, str], timeout_s: float, 
         watchdog.start()
         assert proc.stdout is not None
         try:
-            while chunk := proc.stdout.read1(65536):  # b"" once the coordinator exits (or is killed)
+            while chunk := os.read(proc.stdout.fileno(), 65536):  # b"" once the coordinator exits (or is killed)
                 out.write(chunk)
                 if echo:  # as it comes: progress bars redraw with "\r", not "\n"
                     sys.stdout.buffer.write(chunk)

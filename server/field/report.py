@@ -63,7 +63,29 @@ class FieldReport:
     process_wall_s: float = math.nan
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The report as strict JSON values: NaN (not measured) as ``None``."""
+        out: dict[str, Any] = _nan_as_none(asdict(self))  # type: ignore[assignment]
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> FieldReport:
+        """Read back :meth:`to_dict` (a ``field.json``)."""
+        optional = {"target", "rounds_to_target", "time_to_target_s"}
+        values: dict[str, Any] = {k: (math.nan if v is None and k not in optional else v) for k, v in raw.items()}
+        values["accuracy"] = [math.nan if a is None else a for a in raw["accuracy"]]
+        rows: list[dict[str, Any]] = [{k: math.nan if v is None else v for k, v in s.items()} for s in raw["sites"]]
+        values["sites"] = [SiteRow(**row) for row in rows]
+        return cls(**values)
+
+
+def _nan_as_none(value: object) -> object:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _nan_as_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_as_none(v) for v in value]
+    return value
 
 
 def star_matrices(

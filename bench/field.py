@@ -1,0 +1,112 @@
+"""Field tests of FedAvg, DSC, FedAvg-IC and FedGSP on the office and field topologies.
+
+Runs ``covey field-test TOPOLOGY --strategy NAME`` (the command a user types; docs/links.md)
+for every pair, each on the same FEMNIST writers with the same seed, and reads each
+run's ``field.json``. The target accuracy of a topology is 90 % of the lowest best
+accuracy any of the four strategies reached there, so every run can reach it; the
+time to it is the wall time of the rounds up to the first that reaches it.
+
+Prints, for the field topology (``field_``) and the office (``office_``):
+
+``figure field_<strategy>_acc = ...`` (final server-side accuracy, %),
+``figure field_<strategy>_time_to_target_s = ...``, ``figure field_<strategy>_round_s = ...``;
+and from the office run:
+``figure dsc_site_ari = ...`` (DSC's primary groups on the measured Γ against the sites),
+``figure fedavgic_rtt_reduction_pct = ...`` (FedAvg-IC's groups: summed intra-group RTT,
+on the topology, below random groups of the same sizes),
+then a markdown table, and a plot per topology (``--plots DIR``).
+
+Needs root (network namespaces) and mosquitto. About an hour on 2 cores.
+
+Usage: ``python bench/field.py [--rounds 8] [--model mlp_femnist] [--out runs/bench-field]
+[--plots docs/plots] [--topologies office field] [--strategies fedavg dsc fedavg_ic fedgsp]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from server.field.report import FieldReport, plot_field, time_to_target  # noqa: E402
+
+STRATEGIES = ("fedavg", "dsc", "fedavg_ic", "fedgsp")
+PREFIX = {"field": "field", "office": "office"}
+
+
+def run_one(topology: str, strategy: str, args: argparse.Namespace) -> FieldReport:
+    out = Path(args.out) / f"{topology}-{strategy}"
+    argv = [sys.executable, "-m", "covey.cli", "field-test", str(REPO / "examples" / "topologies" / f"{topology}.toml")]
+    argv += ["--strategy", strategy, "--rounds", str(args.rounds), "--model", args.model, "--out", str(out)]
+    argv += ["--seed", str(args.seed)]
+    print(f"$ covey field-test examples/topologies/{topology}.toml --strategy {strategy} ...", flush=True)
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        raise SystemExit(f"field test {topology}/{strategy} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    print("\n".join(proc.stdout.splitlines()[-9:]), flush=True)
+    return FieldReport.from_dict(json.loads((out / "field.json").read_text()))
+
+
+def _fmt(v: float | None, spec: str = ".1f") -> str:
+    return "n/a" if v is None or not math.isfinite(v) else format(v, spec)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--model", default="mlp_femnist")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="runs/bench-field")
+    p.add_argument("--plots", default=None, help="folder for field_<topology>.png")
+    p.add_argument("--topologies", nargs="+", default=["office", "field"])
+    p.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per field test")
+    args = p.parse_args()
+
+    rows = []
+    for topology in args.topologies:
+        reports = {s: run_one(topology, s, args) for s in args.strategies}
+        best = [r.best_accuracy for r in reports.values() if math.isfinite(r.best_accuracy)]
+        target = 0.9 * min(best) if best else math.nan
+        prefix = PREFIX.get(topology, topology)
+        for s, r in reports.items():
+            reached, seconds = time_to_target(r.accuracy, r.round_wall_s, target)
+            r.target, r.rounds_to_target, r.time_to_target_s = target, reached, seconds
+            print(f"figure {prefix}_{s}_acc = {_fmt(100 * r.final_accuracy, '.2f')}")
+            print(f"figure {prefix}_{s}_time_to_target_s = {_fmt(seconds)}")
+            print(f"figure {prefix}_{s}_round_s = {_fmt(r.mean_round_s, '.2f')}")
+            rows.append((topology, s, r))
+        if topology == "office":
+            if "dsc" in reports:
+                print(f"figure dsc_site_ari = {_fmt(reports['dsc'].dsc_primary_site_ari, '.2f')}")
+            if "fedavg_ic" in reports:
+                print(f"figure fedavgic_rtt_reduction_pct = {_fmt(reports['fedavg_ic'].rtt_reduction_pct)}")
+        if args.plots:
+            path = Path(args.plots) / f"field_{topology}.png"
+            plot_field(reports, path, title=f"{topology}.toml, {args.model}, {args.rounds} rounds", target=target)
+            print(f"plot {path}")
+    print()
+    print(
+        "| topology | strategy | final acc. (%) | target (%) | rounds to target | time to target (s) "
+        "| s per round | groups | group site ARI | intra-group RTT vs random |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for topology, s, r in rows:
+        print(
+            f"| {topology} | {s} | {_fmt(100 * r.final_accuracy)} | {_fmt(100 * (r.target or math.nan))} "
+            f"| {r.rounds_to_target or 'n/a'} | {_fmt(r.time_to_target_s)} | {_fmt(r.mean_round_s)} "
+            f"| {len(r.groups)} | {_fmt(r.group_site_ari, '.2f')} | {_fmt(-r.rtt_reduction_pct, '+.0f')} % |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
