@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from covey.simulation_commands import add_screening_flags
+from covey.simulation_commands import add_codec_flag, add_screening_flags
 from device.errors import CoveyError
 from device.mqtt import TlsFiles, check_tls_files, read_password_file
 
@@ -158,6 +158,7 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         round_attempts=args.round_attempts,
         links_every=args.links_every,
         link_bandwidth_hz=args.link_bandwidth_mhz * 1e6,
+        codec=args.codec or "fp32",
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
@@ -346,6 +347,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         help="Shannon bandwidth that turns measured goodput into an effective SNR (default 20, one Wi-Fi channel)",
     )
     add_screening_flags(p)
+    add_codec_flag(p)
     p.set_defaults(func=_cmd_server_run)
 
     p = sub.add_parser(

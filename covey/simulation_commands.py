@@ -60,6 +60,7 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         aggregation=args.aggregation,
         trim=args.trim,
         topology=args.topology,
+        codec=args.codec,
     )
 
 
@@ -233,7 +234,20 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         help="network topology TOML (sites, links): strategies get its SNR and RTT matrices and each round "
         "its modelled time (examples/topologies/, docs/links.md)",
     )
+    add_codec_flag(p)
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
+
+
+def add_codec_flag(p: argparse.ArgumentParser) -> None:
+    """How models travel: the same flag for ``covey simulate`` and ``covey server run``."""
+    from device.protocol import WIRE_CODECS
+
+    p.add_argument(
+        "--codec",
+        choices=WIRE_CODECS,
+        help="model payloads on the wire: fp32 (default), fp16, or int8 deltas with error feedback "
+        "(start models then go as fp16; docs/protocol.md)",
+    )
 
 
 def add_screening_flags(p: argparse.ArgumentParser) -> None:

@@ -355,7 +355,7 @@ class Agent:
                     runner.pretrain(task.request, task.round, task.weights)
                 else:
                     assert task.weights is not None
-                    runner.train(task.request, task.round, task.weights)
+                    runner.train(task.request, task.round, task.weights, task.key)
         finally:
             self._drop_unused_shared()
 

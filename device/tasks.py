@@ -3,6 +3,8 @@
 :class:`TaskRunner` computes with ``device/training.py`` (the code the simulator
 runs too) and answers in the protocol's order: a trained model goes to the successor
 (direct hand-off) or the group manager, and the ``result`` message follows at once;
+a trained model goes in the codec the request names (an ``int8`` delta against the
+model that arrived, with this device's error feedback, ``device/protocol/codecs.py``);
 a pre-training reply is one ``update`` frame, then a ``pretrain`` result; an
 evaluation is one ``evaluate`` result. A training result is held on disk until the
 coordinator acknowledges it (``device/state.py``) and delivered again when asked.
@@ -21,8 +23,10 @@ from device.data import Dataset, class_counts
 from device.errors import ProtocolError
 from device.protocol import (
     DeviceHop,
+    ErrorFeedback,
     EvaluateRequest,
     EvaluateResult,
+    FrameCodec,
     FrameExtra,
     FrameKind,
     Hop,
@@ -33,6 +37,7 @@ from device.protocol import (
     Topics,
     TrainRequest,
     TrainResult,
+    encode_output,
     send_model,
 )
 from device.protocol.typed import read_value, to_body
@@ -67,9 +72,13 @@ class TaskRunner:
         self.model, self.train_data, self.test_data, self.state = model, train_data, test_data, state
         self._publish, self._send, self._in_worker, self.max_chunk = publish, send, in_worker, max_chunk
         self.trained = 0
+        self.feedback = ErrorFeedback()  # the residual of this device's last int8 output
 
-    def train(self, request: TrainRequest, rnd: int, weights: np.ndarray) -> None:
-        """Train, hand the output on, then report at once (the server waits on both)."""
+    def train(self, request: TrainRequest, rnd: int, weights: np.ndarray, key: str = "") -> None:
+        """Train, hand the output on, then report at once (the server waits on both).
+
+        ``key``: the sha256 of the payload ``weights`` came in (the base an ``int8``
+        output names)."""
         start = time.perf_counter()
         out = self._in_worker(
             train_locally,
@@ -85,7 +94,9 @@ class TaskRunner:
         self.trained += 1
         self.state.finished(request.task_id)
         delivered = time.perf_counter()
-        self.deliver(out.weights, request.task_id, rnd, request.group, request.position, request.next)
+        encoded, codec = encode_output(out.weights, weights, request.codec, self.feedback)
+        base = key if codec == "int8" else None
+        self.deliver(encoded, request.task_id, rnd, request.group, request.position, request.next, codec, base)
         result = TrainResult(
             task_id=request.task_id,
             n_samples=out.n_samples,
@@ -134,8 +145,21 @@ class TaskRunner:
         held = sorted(self.state.held.values(), key=lambda h: h.round)
         return sum(self.redeliver(h.task_id) for h in held)
 
-    def deliver(self, weights: np.ndarray, task_id: str, rnd: int, group: int, position: int, to: Hop) -> None:
-        """Send a trained model on: to the successor (direct) or the group manager."""
+    def deliver(
+        self,
+        payload: np.ndarray,
+        task_id: str,
+        rnd: int,
+        group: int,
+        position: int,
+        to: Hop,
+        codec: FrameCodec = "raw",
+        base: str | None = None,
+    ) -> None:
+        """Send a trained model on: to the successor (direct) or the group manager.
+
+        ``payload`` is encoded by ``codec``; a held result goes again as raw float32
+        (the base of a delta may be gone by then)."""
         kind: FrameKind
         if isinstance(to, DeviceHop):  # the frame names the task it is for: the successor's
             topic, kind, for_task = self.topics.handoff(to.device, self.me), "handoff", to.task_id
@@ -144,7 +168,7 @@ class TaskRunner:
         send_model(
             self._publish,
             topic,
-            weights,
+            payload,
             kind=kind,
             run=self.run,
             round=rnd,
@@ -152,6 +176,8 @@ class TaskRunner:
             sender=self.me,
             max_chunk=self.max_chunk,
             extra=FrameExtra(for_task, position=position),
+            codec=codec,
+            base=base,
         )
 
     def resend(self, request: ResendRequest) -> None:

@@ -34,6 +34,7 @@ class Ready:
     request: Request
     round: int
     weights: np.ndarray | None = field(default=None, repr=False)  # train / pretrain
+    key: str = ""  # the sha256 of the payload the weights came in: the base of an int8 output
     models: dict[int, np.ndarray] = field(default_factory=dict, repr=False)  # evaluate: index -> model
 
 
@@ -101,5 +102,5 @@ class WaitingTasks:
                     ready.append(Ready(request, task.round, models=task.models))
                 continue
             del self._tasks[task_id]
-            ready.append(Ready(request, task.round, weights=weights))
+            ready.append(Ready(request, task.round, weights=weights, key=h.sha256))
         return ready

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from device.data import read_leaf
+from device.protocol import WireCodec
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.rounds import RoundRecord
@@ -56,15 +57,17 @@ def run_both(
     handoff: str = "direct",
     seed: int = 3,
     deadline_s: float = 120.0,
+    codec: WireCodec = "fp32",
 ) -> Comparison:
-    """The strategy from ``make()`` over ``n_devices`` FEMNIST writers, both ways."""
+    """The strategy from ``make()`` over ``n_devices`` FEMNIST writers, both ways, with
+    models on the wire in ``codec``."""
     writers = leaf_writers(root, n_devices)
     ids = [f"dev{i:03d}" for i in range(n_devices)]
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
     federation = {d: ClientData(train[w], test[w]) for d, w in zip(ids, writers, strict=True)}
 
     sim_strategy = make()
-    sim = Simulation(sim_strategy, federation, model_path, seed=seed, federated_eval_every=1)
+    sim = Simulation(sim_strategy, federation, model_path, seed=seed, federated_eval_every=1, codec=codec)
     sim_records = sim.run(rounds)
 
     mqtt_strategy = make()
@@ -79,6 +82,7 @@ def run_both(
                 deadline_s=deadline_s,
                 seed=seed,
                 federated_eval_every=1,
+                codec=codec,
             ),
             mqtt_strategy,
             model_path,

@@ -49,6 +49,10 @@ def summary(records: Sequence[RoundRecord], target: float | None = None) -> dict
     modelled = np.cumsum([r.t_round_s if np.isfinite(r.t_round_s) else 0.0 for r in records])
     elapsed = {r.round: float(t) for r, t in zip(records, modelled, strict=True)}
     out["modelled_s"] = float(modelled[-1]) if len(records) else 0.0  # sum of t_round_s (the topology's time)
+    wire = [r.extra["wire_bytes"] for r in records if "wire_bytes" in r.extra]
+    if wire:  # measured model frames (the simulator counts them)
+        out["wire_bytes"] = float(sum(wire))
+        out["wire_bytes_per_round"] = float(np.mean(wire))
     if target is not None:
         out["target"] = target
         reached = next((rnd for rnd, v in points if v >= target), None)

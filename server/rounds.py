@@ -59,12 +59,15 @@ class EvalJob:
 @dataclass
 class RoundStats:
     """What a backend observed besides results: hand-off modes used, messages it
-    dropped (by reason) and, of those, the ones from each registered device, since
-    the last call."""
+    dropped (by reason) and, of those, the ones from each registered device, and the
+    bytes of the model frames that moved (``"down"``: to devices, ``"up"``: from
+    them, hand-offs included; empty when the backend does not count), since the last
+    call."""
 
     handoff: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
+    wire_bytes: dict[str, int] = field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -113,10 +116,12 @@ class RoundRecord:
     test set, weighted by test samples (NaN on rounds without federated evaluation).
     ``server_*``: the global model on the server's held-out set (NaN without one).
     ``bytes``, ``t_comp_s``, ``t_comm_s`` are modelled (FedGSP Eq. 15-17); ``wall_s``
-    is measured. ``trained``: members that returned a result; ``dropped``: what was
-    refused, by reason (malformed or stale messages, admission, ``"screened: update
-    norm"``); ``rejected``: per registered device, how many of its messages and
-    updates were refused this round (:mod:`server.screening`).
+    is measured; ``extra["wire_bytes"]`` (with ``_down`` and ``_up``), when the
+    backend counts them, are the bytes of the model frames that moved. ``trained``:
+    members that returned a result; ``dropped``: what was refused, by reason
+    (malformed or stale messages, admission, ``"screened: update norm"``);
+    ``rejected``: per registered device, how many of its messages and updates were
+    refused this round (:mod:`server.screening`).
     """
 
     round: int
@@ -288,6 +293,9 @@ class RoundDriver:
         costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes)
         stats = self.backend.round_stats()
         extra.update(summary.extra)
+        if stats.wire_bytes:  # measured frames, beside the modelled ``bytes``
+            extra.update({f"wire_bytes_{k}": float(v) for k, v in stats.wire_bytes.items()})
+            extra["wire_bytes"] = float(sum(stats.wire_bytes.values()))
         dropped, rejected = dict(stats.dropped), dict(stats.rejected)
         if self._rejections:
             for r in self._rejections:

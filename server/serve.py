@@ -21,6 +21,7 @@ import numpy as np
 from device.data import Dataset, read_leaf
 from device.errors import ConfigError
 from device.mqtt import TlsFiles
+from device.protocol import WIRE_CODECS, WireCodec
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.records import write_run
 from server.screening import ScreeningConfig
@@ -64,6 +65,7 @@ class ServeOptions:
     round_attempts: int = 3
     links_every: int = 0  # rounds between link measurements after the first (0: only before round 1)
     link_bandwidth_hz: float = 20e6
+    codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
     origins: dict[str, Source] = field(default_factory=dict)  # who set what (flag, preset...)
 
 
@@ -91,6 +93,8 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
     ):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
+    if opts.codec not in WIRE_CODECS:
+        raise ConfigError(f"--codec must be one of {', '.join(WIRE_CODECS)}, got {opts.codec!r}")
     if opts.deadline_s <= 0 or opts.register_timeout <= 0:
         raise ConfigError("--deadline and --register-timeout must be positive numbers of seconds")
     origin = opts.origins
@@ -136,6 +140,7 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         "round_attempts": Setting(opts.round_attempts, Source.FLAG, "--round-attempts"),
         "links_every": Setting(opts.links_every, Source.FLAG, "--links-every"),
         "link_bandwidth_hz": Setting(opts.link_bandwidth_hz, Source.FLAG, "--link-bandwidth-mhz"),
+        "codec": Setting(opts.codec, Source.FLAG, "--codec"),
         **_screening_settings(opts.screening),
         **train_settings,
         **param_settings,
@@ -185,6 +190,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             round_attempts=o.round_attempts,
             links_every=o.links_every,
             link_bandwidth_hz=o.link_bandwidth_hz,
+            codec=o.codec,
         ),
         prepared.build_strategy(),
         o.model_path,

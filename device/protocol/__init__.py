@@ -10,9 +10,23 @@ little-endian tensor bytes behind a checked header.
   that carry its id, and receivers take the sender from the topic;
 * :mod:`device.protocol.messages`: the envelope and one frozen dataclass per body;
 * :mod:`device.protocol.frames`: binary frames, chunking, reassembly, ``send_model``;
+* :mod:`device.protocol.codecs`: how a model payload is encoded (fp32, fp16, int8 deltas);
 * :mod:`device.protocol.typed`: validation and JSON Schema from the dataclasses.
 """
 
+from device.protocol.codecs import (
+    FRAME_CODECS,
+    WIRE_CODECS,
+    ErrorFeedback,
+    FrameCodec,
+    WireCodec,
+    decode,
+    downlink_codec,
+    encode_float,
+    encode_output,
+    payload_key,
+    upload_codec,
+)
 from device.protocol.frames import (
     DEFAULT_MAX_CHUNK,
     DTYPES,
@@ -70,18 +84,22 @@ __all__ = [
     "BODY_TYPES",
     "DEFAULT_MAX_CHUNK",
     "DTYPES",
+    "FRAME_CODECS",
     "FRAME_KINDS",
     "MAGIC",
     "MAX_HEADER",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
     "SERVER_ID",
+    "WIRE_CODECS",
     "Ack",
     "Assignment",
     "DeviceHop",
+    "ErrorFeedback",
     "EvalRow",
     "EvaluateRequest",
     "EvaluateResult",
+    "FrameCodec",
     "FrameExtra",
     "FrameHeader",
     "FrameKind",
@@ -110,11 +128,18 @@ __all__ = [
     "TrainRequest",
     "TrainResult",
     "WifiInfo",
+    "WireCodec",
     "check_id",
     "check_weights",
+    "decode",
     "decode_message",
+    "downlink_codec",
+    "encode_float",
     "encode_frames",
+    "encode_output",
     "legacy_stop",
     "parse_frame",
+    "payload_key",
     "send_model",
+    "upload_codec",
 ]

@@ -4,7 +4,9 @@
 
 The header (:class:`FrameHeader`) names the kind, run, round, group (``-1`` for
 none), sender, message id, chunk index and count, the chunk size, dtype, shape, byte
-count, the codec of the payload and the sha256 of the *whole* payload. Payloads above
+count, the codec of the payload (``device/protocol/codecs.py``; an ``int8`` delta also
+names its ``base``) and the sha256 of the *whole* payload as sent (the encoded bytes,
+not the weights they decode to). Payloads above
 ``max_chunk`` bytes travel as several frames (EMQX's default packet limit is 1 MB)
 and are checked against the sha256 once reassembled. Nothing here is ever unpickled.
 """
@@ -19,13 +21,14 @@ import struct
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
 
 from device.errors import ProtocolError
+from device.protocol.codecs import FrameCodec, decode, int8_length
 from device.protocol.typed import AtLeast, Identifier, MaxLen, from_body, to_body
 
 log = logging.getLogger("covey.protocol")
@@ -35,9 +38,9 @@ DEFAULT_MAX_CHUNK = 900_000  # bytes of payload per frame: under a 1 MB broker p
 MAX_HEADER = 4096
 FrameKind = Literal["model", "update", "artifact", "handoff", "result", "probe", "echo"]
 FRAME_KINDS: tuple[str, ...] = ("model", "update", "artifact", "handoff", "result", "probe", "echo")
-Dtype = Literal["float32", "uint8"]
-DTYPES = {"float32": np.float32, "uint8": np.uint8}
-Codec = Literal["raw"]  # the payload is the array's raw little-endian bytes
+Dtype = Literal["float32", "float16", "uint8"]
+DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
+_CODEC_DTYPES = {"raw": ("float32", "uint8"), "fp16": ("float16",), "int8": ("uint8",)}
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,11 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 
 @dataclass(frozen=True)
 class FrameHeader:
-    """The header of one frame (every field required)."""
+    """The header of one frame (every field required but ``codec``, ``base`` and
+    ``extra``). ``codec`` says how the payload decodes (``raw``: the array's bytes,
+    float32 or uint8; ``fp16``: float16 weights; ``int8``: a quantised delta, uint8);
+    ``base``: for ``int8`` only and then required, the sha256 of the payload of the
+    model the delta is against."""
 
     kind: FrameKind
     run: Annotated[str, Identifier("run id")]
@@ -85,8 +92,9 @@ class FrameHeader:
     shape: Annotated[tuple[Annotated[int, AtLeast(0)], ...], MaxLen(8)]
     nbytes: Annotated[int, AtLeast(0)]
     sha256: str
-    codec: Codec = "raw"
+    codec: FrameCodec = "raw"
     extra: FrameExtra = field(default_factory=FrameExtra)
+    base: str | None = None
 
     def __post_init__(self) -> None:
         if self.n_chunks > 100_000 or self.chunk >= self.n_chunks:
@@ -95,8 +103,14 @@ class FrameHeader:
             raise ValueError(f"{self.n_chunks} chunks of {self.chunk_size} bytes cannot carry {self.nbytes} bytes")
         if math.prod(self.shape) * np.dtype(DTYPES[self.dtype]).itemsize != self.nbytes:
             raise ValueError(f"shape {list(self.shape)} of {self.dtype} does not hold {self.nbytes} bytes")
-        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256):
+        if not _is_sha256(self.sha256):
             raise ValueError("sha256 must be 64 lowercase hex digits")
+        if self.dtype not in _CODEC_DTYPES[self.codec]:
+            raise ValueError(f"a {self.codec} payload cannot be {self.dtype}")
+        if (self.codec == "int8") != (self.base is not None):
+            raise ValueError("an int8 frame names its base, and only an int8 frame does")
+        if self.base is not None and not _is_sha256(self.base):
+            raise ValueError("base must be 64 lowercase hex digits (the base payload's sha256)")
         missing = [k for k in _NEEDS.get(self.kind, ()) if getattr(self.extra, k) is None]
         if self.kind == "model" and self.extra.task_id is None and self.extra.shared is None:
             missing.append("task_id or shared")
@@ -108,6 +122,10 @@ class FrameHeader:
         if index < self.n_chunks - 1:
             return self.chunk_size
         return self.nbytes - self.chunk_size * (self.n_chunks - 1)
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 @dataclass(frozen=True)
@@ -129,12 +147,17 @@ def encode_frames(
     max_chunk: int = DEFAULT_MAX_CHUNK,
     extra: FrameExtra | None = None,
     msg_id: str | None = None,
+    codec: FrameCodec = "raw",
+    base: str | None = None,
 ) -> Iterator[bytes]:
-    """Frames carrying ``array`` (little-endian), chunked above ``max_chunk`` bytes."""
+    """Frames carrying ``array`` (little-endian), chunked above ``max_chunk`` bytes.
+
+    ``array`` is the payload as encoded by ``codec`` (``device/protocol/codecs.py``);
+    ``base`` names the model an ``int8`` delta is against."""
     arr = np.ascontiguousarray(array)
     dtype = next((name for name, t in DTYPES.items() if arr.dtype == t), None)
     if dtype is None:
-        raise ProtocolError(f"dtype {arr.dtype} cannot travel in a frame (float32 or uint8)")
+        raise ProtocolError(f"dtype {arr.dtype} cannot travel in a frame (float32, float16 or uint8)")
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):
         arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))
     data = memoryview(arr.reshape(-1).view(np.uint8).data)  # no copy: frames are cut from the array itself
@@ -153,7 +176,9 @@ def encode_frames(
         shape=tuple(int(d) for d in arr.shape),
         nbytes=len(data),
         sha256=hashlib.sha256(data).hexdigest(),
+        codec=codec,
         extra=extra or FrameExtra(),
+        base=base,
     )
     body = to_body(header)
     for i in range(n_chunks):
@@ -178,17 +203,28 @@ def send_model(
     max_chunk: int = DEFAULT_MAX_CHUNK,
     extra: FrameExtra | None = None,
     retain: bool = False,
+    codec: FrameCodec = "raw",
+    base: str | None = None,
 ) -> int:
     """Encode ``array`` into frames and publish each; returns the number of frames.
 
     ``topic`` is one topic for every chunk, or a function of the chunk index (the
-    retained artifact and shared models keep one retained message per chunk)."""
+    retained artifact and shared models keep one retained message per chunk).
+    ``array`` is already encoded by ``codec`` (``base``: see :func:`encode_frames`)."""
     n = 0
-    for i, frame in enumerate(
-        encode_frames(
-            array, kind=kind, run=run, round=round, group=group, sender=sender, max_chunk=max_chunk, extra=extra
-        )
-    ):
+    frames = encode_frames(
+        array,
+        kind=kind,
+        run=run,
+        round=round,
+        group=group,
+        sender=sender,
+        max_chunk=max_chunk,
+        extra=extra,
+        codec=codec,
+        base=base,
+    )
+    for i, frame in enumerate(frames):
         publish(topic if isinstance(topic, str) else topic(i), frame, retain)
         n = i + 1
     return n
@@ -326,11 +362,24 @@ class Reassembler:
         return Payload(first, array.astype(DTYPES[header.dtype], copy=False))
 
 
-def check_weights(payload: Payload, n_params: int) -> np.ndarray:
-    """A model payload must be a finite float32 vector of the model's length."""
-    arr = payload.array
-    if payload.header.dtype != "float32" or arr.ndim != 1:
-        raise ProtocolError(f"weights must be a 1-D float32 vector, got {payload.header.dtype} {arr.shape}")
+def check_weights(payload: Payload, n_params: int, bases: Mapping[str, np.ndarray] | None = None) -> np.ndarray:
+    """The finite float32 vector of the model's length a model payload decodes to.
+
+    ``bases``: the models this receiver holds, by the sha256 of the payload they came
+    in, for ``int8`` deltas (``device/protocol/codecs.py``). A delta against a base
+    the receiver does not hold, an unknown codec, a payload of the wrong dtype or
+    length, or NaN weights are refused (:class:`ProtocolError`)."""
+    h = payload.header
+    if payload.array.ndim != 1:
+        raise ProtocolError(f"weights must be a 1-D vector, got shape {payload.array.shape}")
+    base = None
+    if h.base is not None:
+        base = (bases or {}).get(h.base)
+        if base is None:
+            raise ProtocolError(f"an int8 delta against base {h.base[:16]}, a model this receiver does not hold")
+    if h.codec == "int8" and payload.array.shape[0] != int8_length(n_params):
+        raise ProtocolError(f"an int8 delta of {payload.array.shape[0]} bytes does not fit a model of {n_params}")
+    arr = decode(payload.array, h.codec, base)
     if arr.shape[0] != n_params:
         raise ProtocolError(f"weights have {arr.shape[0]} values; the model has {n_params}")
     if not np.isfinite(arr).all():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
 from device.errors import ProtocolError
+from device.protocol.codecs import FrameCodec
 from device.protocol.typed import Above, AtLeast, Identifier, MaxLen, from_body, read_value, to_body
 
 PROTOCOL_VERSION = 2
@@ -185,7 +186,9 @@ class TrainRequest:
     The model comes from the server (``predecessor`` = ``"server"``, on
     ``device/<id>/frames`` or as the shared key in ``shared``) or, with direct
     hand-offs, from the predecessor device on ``device/<id>/frames/from/<predecessor>``
-    (the server may also send it when the predecessor was skipped)."""
+    (the server may also send it when the predecessor was skipped). ``codec``: how to
+    send the output (``device/protocol/codecs.py``); an ``int8`` output is a delta
+    against the model that arrived for this task."""
 
     task_id: TaskId
     group: Count
@@ -196,6 +199,7 @@ class TrainRequest:
     train: LocalTraining
     seed: Count
     shared: ModelKeys = ()
+    codec: FrameCodec = "raw"
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from device.protocol import (
     Stop,
     Topics,
     TrainResult,
+    WireCodec,
     check_weights,
     decode_message,
     send_model,
@@ -112,6 +113,7 @@ class CoordinatorConfig:
     link_measure_max_s: float = 900.0  # a measurement stops asking devices after this long
     links_every: int = 0
     link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
+    codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
 
 
 class Coordinator(Persistence):
@@ -142,6 +144,7 @@ class Coordinator(Persistence):
         )
         self.round = 0
         model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
+        self.bases: dict[str, np.ndarray] = {}  # this round's start models, by the sha256 of their payload
         self._frames = Reassembler(
             max_bytes=model_bytes,
             max_pending_bytes=config.max_pending_mb * 2**20,
@@ -369,7 +372,7 @@ class Coordinator(Persistence):
                 size=0,
             )
             return
-        weights = check_weights(payload, self.manifest.n_params)
+        weights = check_weights(payload, self.manifest.n_params, self.bases)
         if h.kind == "update":
             if not self.requests.on_update(device, h.extra.task_id or "", weights):
                 raise ProtocolError(f"update for task {h.extra.task_id!r} nobody waits for")

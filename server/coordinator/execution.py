@@ -61,6 +61,7 @@ class RoundExecution:
             raise ProtocolError(f"plan names unknown devices {unknown}")
         now = time.monotonic()
         self.managers = []
+        c.bases.clear()  # the start models int8 deltas may name: this plan's
         prefix = self.next_prefix(plan.round)
         self._attempts[plan.round] = self._attempts.get(plan.round, 0) + 1
         try:
@@ -78,6 +79,8 @@ class RoundExecution:
                     max_chunk=c.cfg.max_chunk,
                     task_prefix=prefix,
                     shared=self.shared,
+                    codec=c.cfg.codec,
+                    bases=c.bases,
                 )
                 for d in g.members:
                     msg = Message.of(Assignment(g.group_id), run=c.cfg.run, sender=SERVER_ID, round=plan.round)

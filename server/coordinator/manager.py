@@ -20,6 +20,13 @@ Nothing already trained is thrown away.
 Parallel mode. Every member trains from the group's start model and returns its model
 to the manager; members that miss the deadline are skipped. The start model is
 published once as a shared, retained model (``server/coordinator/shared.py``).
+
+Codecs (``device/protocol/codecs.py``). The manager sends models in the run's
+downlink codec (float32, or float16 in ``fp16`` and ``int8`` runs) and asks members
+for their output in the upload codec: an ``int8`` parallel member sends a delta
+against the start model it received, which the coordinator adds to its own float32
+start model (``bases``: payload sha256 -> model), so the float16 rounding of the
+downlink never reaches the aggregate. Chain hand-offs travel in the downlink codec.
 """
 
 from __future__ import annotations
@@ -43,7 +50,12 @@ from device.protocol import (
     Topics,
     TrainRequest,
     TrainResult,
+    WireCodec,
+    downlink_codec,
+    encode_float,
+    payload_key,
     send_model,
+    upload_codec,
 )
 from server.coordinator.shared import SharedModels
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
@@ -81,12 +93,20 @@ class GroupManager:
         max_chunk: int,
         task_prefix: str,
         shared: SharedModels | None = None,
+        codec: WireCodec = "fp32",
+        bases: dict[str, np.ndarray] | None = None,
     ) -> None:
         self.plan, self.round, self.topics, self.publish = plan, round_, topics, publish
         self.handoff: Handoff = handoff if plan.mode == "chain" else "relay"
         self.deadline_s, self.seed, self.max_chunk = deadline_s, seed, max_chunk
         self.train = train
         self.start_weights = start_weights
+        self.downlink = downlink_codec(codec)
+        # a chain's hand-offs go as full models; a parallel member's output in the run's codec
+        self.upload = upload_codec(codec) if plan.mode == "parallel" else self.downlink
+        self.start_payload = encode_float(start_weights, self.downlink)
+        if bases is not None:  # int8 deltas against this start model decode with the float32 original
+            bases[payload_key(self.start_payload)] = start_weights
         self.shared = shared
         self.shared_key: str | None = None
         self.members = [
@@ -121,15 +141,17 @@ class GroupManager:
             train=self.train.to_wire(),
             seed=self.seed,
             shared=(self.shared_key,) if self.shared_key is not None else (),
+            codec=self.upload,
         )
         msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
         self.publish(self.topics.inbox(member.device), msg.encode(), False)
 
     def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
+        payload = self.start_payload if weights is self.start_weights else encode_float(weights, self.downlink)
         send_model(
             self.publish,
             self.topics.frames(member.device),
-            weights,
+            payload,
             kind="model",
             run=self.topics.run,
             round=self.round,
@@ -137,6 +159,7 @@ class GroupManager:
             sender=SERVER_ID,
             max_chunk=self.max_chunk,
             extra=FrameExtra(member.task_id, position=position),
+            codec=self.downlink,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -147,7 +170,11 @@ class GroupManager:
             # published before the requests, retained: a member that subscribes on its
             # request is sure to find it
             self.shared_key = self.shared.publish(
-                self.start_weights, round_=self.round, group=self.plan.group_id, label=f"g{self.plan.group_id}"
+                self.start_payload,
+                round_=self.round,
+                group=self.plan.group_id,
+                label=f"g{self.plan.group_id}",
+                codec=self.downlink,
             )
         for i, m in enumerate(self.members):
             self._send_request(m, i)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from device.protocol import SERVER_ID, FrameExtra, Topics, send_model
+from device.protocol import SERVER_ID, FrameCodec, FrameExtra, Topics, send_model
 
 PublishRetained = Callable[[str, bytes, bool], None]
 
@@ -35,8 +35,9 @@ class SharedModels:
         # reuses a key a crashed one may have left retained on the broker
         self._token = token
 
-    def publish(self, weights: np.ndarray, *, round_: int, group: int, label: str) -> str:
-        """Publish ``weights`` once, retained; returns the key devices subscribe to."""
+    def publish(self, weights: np.ndarray, *, round_: int, group: int, label: str, codec: FrameCodec = "raw") -> str:
+        """Publish ``weights`` (a payload encoded by ``codec``) once, retained; returns
+        the key devices subscribe to."""
         key = f"r{int(round_)}-{label}-{self._token}{next(self._counter)}"
         self._live[key] = send_model(
             self._publish,
@@ -50,6 +51,7 @@ class SharedModels:
             max_chunk=self.max_chunk,
             extra=FrameExtra(shared=key),
             retain=True,
+            codec=codec,
         )
         return key
 

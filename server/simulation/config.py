@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from device.errors import ConfigError, CoveyError
+from device.protocol.codecs import WIRE_CODECS
 from server.settings import Setting, Source
 
 if TYPE_CHECKING:  # the strategies load only when a run is prepared
@@ -133,6 +134,7 @@ class SimulationConfig:
     aggregation: str = "mean"
     trim: float = 0.2
     topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
+    codec: str = "fp32"  # how models travel (device/protocol/codecs.py): fp32, fp16, int8
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
@@ -144,6 +146,8 @@ class SimulationConfig:
             raise ConfigError(f"model must be the name of a zoo model (a string), got {_shown(self.model)}")
         if self.dataset not in DATASETS:
             raise ConfigError(f"unknown data set {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        if self.codec not in WIRE_CODECS:
+            raise ConfigError(f"codec must be one of {', '.join(WIRE_CODECS)}, got {_shown(self.codec)}")
         if self.shift_mode not in SHIFT_MODES:
             raise ConfigError(f"shift_mode must be one of {', '.join(SHIFT_MODES)}, got {self.shift_mode!r}")
         unknown = set(self.dataset_params) - DATASET_KEYS[self.dataset]
@@ -268,6 +272,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         "shift_mode",
         "clients_per_round",
         "topology",
+        "codec",
     ):
         if key in sim:
             kwargs[key] = sim.pop(key)

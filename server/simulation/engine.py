@@ -6,10 +6,19 @@ with :class:`Trainer`, which calls the same device code a board runs. Work units
 to a pool of worker processes when ``workers > 1`` (fork: the data are shared
 copy-on-write); results do not depend on the number of workers. :class:`Simulation`
 is the driver and this backend together.
+
+Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
+the same choice the coordinator's group managers make): start models in the downlink
+codec, parallel outputs in the upload codec (``int8``: a delta against the start model
+as received, with each device's error feedback, added to the float32 start model),
+chain hand-offs in the downlink codec. Each round's record holds the bytes of the
+frames that carried them (``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in
+``extra``; :mod:`server.simulation.wire`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -19,13 +28,24 @@ from typing import Any
 import numpy as np
 
 from device.data import class_counts
-from device.protocol import EvalRow
+from device.protocol import (
+    ErrorFeedback,
+    EvalRow,
+    FrameCodec,
+    WireCodec,
+    decode,
+    downlink_codec,
+    encode_float,
+    encode_output,
+    upload_codec,
+)
 from server.costs import CostModel
 from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
 from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.faults import Faults
 from server.simulation.trainer import ChainOutcome, Trainer
+from server.simulation.wire import frame_bytes
 from server.strategies.base import ClientInfo, GroupResult, MemberResult, RoundPlan, Strategy
 
 SHIFT_STREAM = 0x5817  # the distribution shift draws from its own stream, never the strategy's
@@ -88,6 +108,7 @@ class VirtualDevices:
     shift : optional distribution shift applied before every round (FlexCFL).
     seed : seeds the shift's own generator.
     faults : devices that never answer, and poisoners (:mod:`server.simulation.faults`).
+    codec : how models travel (``fp32``, ``fp16``, ``int8``; module docstring).
     """
 
     def __init__(
@@ -101,8 +122,12 @@ class VirtualDevices:
         shift: SwapShift | None = None,
         seed: int = 0,
         faults: Faults | None = None,
+        codec: WireCodec = "fp32",
     ) -> None:
         self.faults = faults or Faults()
+        self.codec: WireCodec = codec
+        self.feedback: dict[str, ErrorFeedback] = {}  # each device's int8 residual, as a board keeps it
+        self._wire = {"down": 0, "up": 0}
         self.federation = federation
         self.ids = sorted(federation)
         self.model_path = str(model_path)
@@ -146,29 +171,49 @@ class VirtualDevices:
 
     def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
         settings = plan.train.to_wire()
+        down, up = downlink_codec(self.codec), upload_codec(self.codec)
+        received: dict[str, tuple[np.ndarray, int]] = {}  # start model key -> (as received, frame bytes)
+        for key in {g.start_model for g in plan.groups}:
+            payload = encode_float(plan.models[key], down)
+            received[key] = (decode(payload, down), frame_bytes(payload, down))
         chains = [g for g in plan.groups if g.mode == "chain"]
         parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
         chain_out: list[ChainOutcome] = self.pool.map(
             "chain",
-            [(plan.models[g.start_model], self._answers(g.members), settings, seed, plan.round) for g in chains],
+            [(received[g.start_model][0], self._answers(g.members), settings, seed, plan.round, down) for g in chains],
         )
         member_out: list[MemberResult] = self.pool.map(
-            "parallel", [(plan.models[g.start_model], c, settings, seed, plan.round) for g, c in parallel]
+            "parallel", [(received[g.start_model][0], c, settings, seed, plan.round) for g, c in parallel]
         )
         by_chain = {g.group_id: o for g, o in zip(chains, chain_out, strict=True)}
-        by_member = {c: o for (_, c), o in zip(parallel, member_out, strict=True)}
+        by_member = {
+            c: self._upload(o, plan.models[g.start_model], received[g.start_model][0], up)
+            for (g, c), o in zip(parallel, member_out, strict=True)
+        }
         results = []
         for g in plan.groups:
             silent = tuple(c for c in g.members if c in self.faults.unresponsive)  # skipped, as on boards
             if g.mode == "chain":
                 o = by_chain[g.group_id]
+                self._wire["down"] += received[g.start_model][1] if o.members else 0
+                self._wire["up"] += o.wire_bytes
                 results.append(GroupResult(g.group_id, o.members, o.final_weights, silent))
             else:
+                self._wire["down"] += received[g.start_model][1] * sum(c in by_member for c in g.members)
                 results.append(
                     GroupResult(g.group_id, tuple(by_member[c] for c in g.members if c in by_member), None, silent)
                 )
         self.seen.update(plan.participants)
         return results
+
+    def _upload(self, member: MemberResult, start: np.ndarray, received: np.ndarray, codec: FrameCodec) -> MemberResult:
+        """A parallel member's output as the coordinator decodes it (counted on the wire)."""
+        assert member.weights is not None
+        feedback = self.feedback.setdefault(member.client_id, ErrorFeedback())
+        payload, used = encode_output(member.weights, received, codec, feedback)
+        self._wire["up"] += frame_bytes(payload, used)
+        weights = decode(payload, used, start if used == "int8" else None)
+        return dataclasses.replace(member, weights=weights)
 
     def pretrain(
         self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int
@@ -190,7 +235,8 @@ class VirtualDevices:
         return self._distance
 
     def round_stats(self) -> RoundStats:
-        return RoundStats()
+        wire, self._wire = self._wire, {"down": 0, "up": 0}
+        return RoundStats(wire_bytes=wire)
 
     def close(self) -> None:
         self.pool.close()
@@ -216,6 +262,7 @@ class Simulation:
         ``None``: none, FedAvg's mean.
     server_eval : the global model's accuracy and loss on a held-out set (as the
         coordinator's ``--eval-data``).
+    codec : how models travel (see :class:`VirtualDevices`).
     """
 
     def __init__(
@@ -235,6 +282,7 @@ class Simulation:
         max_attempts: int = 3,
         screening: ScreeningConfig | None = DEFAULT_SCREENING,
         server_eval: ServerEvaluator | None = None,
+        codec: WireCodec = "fp32",
     ) -> None:
         self.strategy = strategy
         self.devices = VirtualDevices(
@@ -246,6 +294,7 @@ class Simulation:
             shift=shift,
             seed=seed,
             faults=faults,
+            codec=codec,
         )
         self.driver = RoundDriver(
             strategy,

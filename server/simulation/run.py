@@ -95,6 +95,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "aggregation": cfg.setting("aggregation", cfg.aggregation),
         "trim": cfg.setting("trim", cfg.trim),
         "topology": cfg.setting("topology", cfg.topology or "none"),
+        "codec": cfg.setting("codec", cfg.codec),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
         **train_settings,
         **param_settings,
@@ -173,6 +174,7 @@ def run_simulation(
         snr_db=snr,
         distance=distance,
         cost_model=cost,
+        codec=c.codec,  # type: ignore[arg-type]  # checked by SimulationConfig
     )
     records = sim.run(c.rounds, progress)
     return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings, links)

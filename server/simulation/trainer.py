@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 
 from device.data import Dataset
-from device.protocol import EvalRow, LocalTraining, Split
+from device.protocol import EvalRow, FrameCodec, LocalTraining, Split, decode, encode_float
 from device.runtime import TFLiteModel
 from device.training import evaluate_locally, pretrain_locally, train_locally
 from server.simulation.datasets import ClientData
 from server.simulation.faults import Faults
+from server.simulation.wire import frame_bytes
 from server.strategies.base import MemberResult
 
 
@@ -29,6 +30,7 @@ from server.strategies.base import MemberResult
 class ChainOutcome:
     final_weights: np.ndarray
     members: tuple[MemberResult, ...]
+    wire_bytes: int = 0  # the hand-offs' frames (the last one: to the manager)
 
 
 class Trainer:
@@ -42,18 +44,28 @@ class Trainer:
         self.faults = faults or Faults()  # poisoners scale what they return (server/simulation/faults.py)
 
     def chain(
-        self, weights: np.ndarray, members: Sequence[str], settings: LocalTraining, seed: int, rnd: int
+        self,
+        weights: np.ndarray,
+        members: Sequence[str],
+        settings: LocalTraining,
+        seed: int,
+        rnd: int,
+        codec: FrameCodec = "raw",
     ) -> ChainOutcome:
-        """Members train one after another, each from its predecessor's model."""
+        """Members train one after another, each from its predecessor's model as it
+        arrives in ``codec`` (a full-model codec: hand-offs as on boards)."""
         current = weights
         out = []
+        sent = 0
         for c in members:
             res = train_locally(
                 self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
             )
-            current = self.faults.poisoned(c, current, res.weights)
+            payload = encode_float(self.faults.poisoned(c, current, res.weights), codec)
+            sent += frame_bytes(payload, codec)
+            current = decode(payload, codec)
             out.append(MemberResult(c, res.n_samples, res.loss))
-        return ChainOutcome(current, tuple(out))
+        return ChainOutcome(current, tuple(out), sent)
 
     def parallel(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> MemberResult:
         res = train_locally(

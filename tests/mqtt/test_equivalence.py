@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from server.equivalence import run_both
+from server.rounds import RoundRecord
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 from tests.mqtt.conftest import femnist_root
@@ -54,3 +55,50 @@ def test_simulation_and_boards_give_the_same_models(broker, tmp_path, case: str)
     assert all(r.trained == r.participants and r.skipped == 0 for r in result.mqtt)
     if case.startswith("fedgsp"):
         assert all(r.handoff == {handoff: r.n_groups} for r in result.mqtt)
+
+
+def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(broker, tmp_path) -> None:
+    """FedAvg with ``--codec int8`` completes over MQTT, matches the simulator running the
+    same codec code, moves about 4x fewer upload bytes than float32 and its accuracy
+    stays close to float32's."""
+    from covey.paths import ensure_model
+
+    # Prepare
+    handoff, make = CASES["fedavg"]
+    model = ensure_model("mlp_femnist")
+
+    # Execute
+    result = run_both(
+        make,
+        root=femnist_root(),
+        model_path=model,
+        host=broker.host,
+        port=broker.port,
+        work=tmp_path,
+        run="eq-int8",
+        rounds=3,
+        handoff=handoff,
+        codec="int8",
+    )
+    fp32 = _simulated(make, model, rounds=3)
+
+    # Assert
+    assert all(r.trained == r.participants and r.skipped == 0 and not r.dropped for r in result.mqtt)
+    assert result.max_abs_diff <= 1e-5, result.max_abs_diff
+    assert abs(result.mqtt[-1].federated_accuracy - fp32[-1].federated_accuracy) <= 0.02
+    assert fp32[-1].extra["wire_bytes_up"] / result.sim[-1].extra["wire_bytes_up"] >= 3.8
+    assert fp32[-1].extra["wire_bytes_down"] / result.sim[-1].extra["wire_bytes_down"] >= 1.9
+
+
+def _simulated(make, model, *, rounds: int) -> list[RoundRecord]:  # type: ignore[no-untyped-def]
+    """The same run as :func:`run_both`'s simulation, with float32 on the wire."""
+    from device.data import read_leaf
+    from server.fleet import leaf_writers
+    from server.simulation.datasets import ClientData
+    from server.simulation.engine import Simulation
+
+    root = femnist_root()
+    writers = leaf_writers(root, 6)
+    train, test = read_leaf(root / "train"), read_leaf(root / "test")
+    fed = {f"dev{i:03d}": ClientData(train[w], test[w]) for i, w in enumerate(writers)}
+    return Simulation(make(), fed, model, seed=3, federated_eval_every=1).run(rounds)

@@ -1,0 +1,82 @@
+"""Bytes on the wire and accuracy per codec: fp32 against fp16 and int8 deltas.
+
+The ``fedgsp-femnist`` preset (the bundled FEMNIST sample, 51 writers) with
+``--models`` (MLP and/or CNN) and FedAvg and FedGSP, each run with ``--codec`` fp32,
+fp16 and int8, same seed, in simulation. Bytes are the frames the simulator builds for
+every model it moves (``server/simulation/wire.py``: start models to each member,
+outputs and chain hand-offs), summed over the run. Prints, per codec and strategy
+(and model, when more than one):
+
+* ``wire_bytes_ratio_<codec>_<strategy>``: fp32 bytes / codec bytes (higher is better);
+* ``wire_up_bytes_ratio_<codec>_<strategy>``: the same for device-to-anyone frames only;
+* ``wire_acc_delta_pts_<codec>_<strategy>``: final accuracy, codec minus fp32, in points.
+
+Usage: ``python bench/wire.py [--models mlp_femnist cnn_femnist] [--rounds 30]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+from server.settings import Source  # noqa: E402
+from server.simulation.config import SimulationConfig  # noqa: E402
+from server.simulation.presets import PRESETS  # noqa: E402
+from server.simulation.run import RunResult, run_simulation  # noqa: E402
+
+CODECS = ("fp32", "fp16", "int8")
+
+
+def figure(name: str, value: float) -> None:
+    print(f"figure {name} = {value:.3f}", flush=True)
+
+
+def _run(model: str, strategy: str, codec: str, args: argparse.Namespace) -> RunResult:
+    cfg = PRESETS["fedgsp-femnist"].apply(SimulationConfig(), strategy)
+    cfg = cfg.with_overrides(
+        Source.FLAG, "bench/wire.py", model=model, rounds=args.rounds, seed=args.seed, workers=args.workers, codec=codec
+    )
+    result = run_simulation(cfg)
+    s = result.summary
+    print(
+        f"# {model} {strategy} {codec}: final {result.final_accuracy:.2%}, {s['wire_bytes'] / 1e6:.1f} MB on the wire "
+        f"({s['wire_bytes_per_round'] / 1e6:.2f} MB per round), {result.seconds:.0f} s",
+        flush=True,
+    )
+    return result
+
+
+def _bytes(result: RunResult, key: str) -> float:
+    return sum(r.extra[key] for r in result.records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["mlp_femnist"], choices=["mlp_femnist", "cnn_femnist"])
+    parser.add_argument("--strategies", nargs="+", default=["fedavg", "fedgsp"])
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workers", type=int, default=1)
+    args = parser.parse_args()
+    for model in args.models:
+        suffix = "" if len(args.models) == 1 else f"_{model.split('_')[0]}"
+        for strategy in args.strategies:
+            runs = {codec: _run(model, strategy, codec, args) for codec in CODECS}
+            ref = runs["fp32"]
+            for codec in CODECS[1:]:
+                name = f"{codec}_{strategy}{suffix}"
+                figure(f"wire_bytes_ratio_{name}", _bytes(ref, "wire_bytes") / _bytes(runs[codec], "wire_bytes"))
+                figure(
+                    f"wire_up_bytes_ratio_{name}", _bytes(ref, "wire_bytes_up") / _bytes(runs[codec], "wire_bytes_up")
+                )
+                figure(f"wire_acc_delta_pts_{name}", (runs[codec].final_accuracy - ref.final_accuracy) * 100)
+
+
+if __name__ == "__main__":
+    main()

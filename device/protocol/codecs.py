@@ -1,0 +1,221 @@
+"""Wire codecs for model payloads: float32, float16, and 8-bit deltas with error feedback.
+
+A run picks one :data:`WireCodec` (``covey simulate --codec``, ``covey server run
+--codec``, config key ``codec``); every model frame then names its
+:data:`FrameCodec` in the header (``codec``), so a receiver always knows how to
+decode it, and an ``int8`` frame also names its ``base``. The frame's ``sha256``
+covers the *encoded* bytes, the bytes that were sent (``device/protocol/frames.py``).
+
+Frame codecs and their error bounds (``x`` the float32 weights, ``x̂`` what the
+receiver reconstructs):
+
+* ``raw`` (run option ``fp32``; the header value of protocol 2 before codecs): the
+  float32 bytes. Exact: ``x̂ == x``.
+* ``fp16``: IEEE half precision of the weights (round to nearest even).
+  ``|x̂ - x| <= 2**-11 * |x|`` for ``2**-14 <= |x| <= 65504``, and
+  ``|x̂ - x| <= 2**-25`` below (the subnormal spacing is ``2**-24``). Weights beyond
+  65504 become infinite, which the receiver refuses.
+* ``int8``: a *delta* against a base model the receiver already holds, quantised
+  affinely per block of :data:`BLOCK` values (Jacob et al., "Quantization and
+  training of neural networks for efficient integer-arithmetic-only inference",
+  CVPR 2018, Eq. 1, with one scale and offset per block): for block ``b``,
+  ``lo = min d_b``, ``s = (max d_b - lo) / 255``, ``q = round((d - lo) / s)`` in
+  0..255 and ``d̂ = lo + q * s``. ``|d̂ - d| <= s / 2 + 2**-22 * max|d_b|`` (half
+  a step, plus float32 rounding). The payload is uint8: ``nb`` float32 scales,
+  ``nb`` float32 offsets (little-endian), then the ``n`` codes, ``nb = ceil(n /
+  256)``. The header's ``base`` is the sha256 of the frame payload in which the
+  receiver got the base model (the start model of the round or group); a receiver
+  that does not hold it refuses the frame (:class:`~device.errors.ProtocolError`).
+  A chain's hand-off is the chain's current model as a delta against the group's
+  start model: a member trains from the model it decoded, so each hop's error is
+  carried on but never quantised again, and after ``k`` hand-offs the model is within
+  the sum of the ``k`` hops' bounds of the float32 chain's (in practice near the
+  square root of ``k`` times one hop's, the errors being independent).
+
+Error feedback (Seide et al., "1-bit stochastic gradient descent", Interspeech 2014;
+Karimireddy et al., "Error feedback fixes SignSGD", ICML 2019, Alg. 2): the sender
+keeps the residual ``e`` of its last quantisation and adds it to the next delta,
+``q_t = Q(d_t + e_{t-1})``, ``e_t = d_t + e_{t-1} - Q^-1(q_t)`` (:class:`ErrorFeedback`),
+so what the receivers got sums to what was meant up to the last residual alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Literal
+
+import numpy as np
+
+from device.errors import ProtocolError
+
+FrameCodec = Literal["raw", "fp16", "int8"]
+FRAME_CODECS: tuple[str, ...] = ("raw", "fp16", "int8")
+WireCodec = Literal["fp32", "fp16", "int8"]
+WIRE_CODECS: tuple[str, ...] = ("fp32", "fp16", "int8")
+BLOCK = 256  # values per int8 block: 8 bytes of scale and offset per 256 bytes of codes
+
+
+def downlink_codec(wire: WireCodec) -> FrameCodec:
+    """How the server sends start models in a run with codec ``wire``: full models,
+    in float16 for ``fp16`` and ``int8`` runs (a delta needs a base the device holds)."""
+    return "raw" if wire == "fp32" else "fp16"
+
+
+def upload_codec(wire: WireCodec) -> FrameCodec:
+    """How a device sends its trained model (to the manager or, in a chain, its
+    successor) in a run with codec ``wire``."""
+    return {"fp32": "raw", "fp16": "fp16", "int8": "int8"}[wire]  # type: ignore[return-value]
+
+
+def payload_key(encoded: np.ndarray) -> str:
+    """The sha256 of an encoded payload's little-endian bytes: its frame's ``sha256``,
+    and the ``base`` a delta against it names."""
+    arr = np.ascontiguousarray(encoded)
+    if arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    return hashlib.sha256(arr.reshape(-1).view(np.uint8).data).hexdigest()
+
+
+# -- float codecs ------------------------------------------------------------------------------
+def encode_float(weights: np.ndarray, codec: FrameCodec) -> np.ndarray:
+    """Full weights as ``raw`` (float32) or ``fp16`` (float16) payload.
+
+    Non-finite weights are encoded as they are (float16 turns values beyond 65504
+    into infinities): the receiver refuses them, naming the reason.
+
+    Raises
+    ------
+    ValueError
+        For ``int8``: a delta needs a base (:class:`ErrorFeedback`).
+    """
+    x = np.asarray(weights, np.float32).reshape(-1)
+    if codec == "raw":
+        return x
+    if codec == "fp16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16)
+    raise ValueError(f"{codec!r} is not a full-model codec")
+
+
+# -- int8 deltas -------------------------------------------------------------------------------
+def quantise(delta: np.ndarray) -> np.ndarray:
+    """The ``int8`` payload of ``delta``: per block of :data:`BLOCK`, a float32 scale
+    and offset and uint8 codes (layout and error bound in the module docstring)."""
+    d = np.asarray(delta, np.float32).reshape(-1)
+    if not np.isfinite(d).all():
+        raise ValueError("delta holds NaN or infinite values")
+    n = d.size
+    nb = -(-n // BLOCK)
+    padded = np.zeros(nb * BLOCK, np.float32)
+    padded[:n] = d
+    if n % BLOCK:
+        padded[n:] = d[(nb - 1) * BLOCK]  # pad with a value of the last block: its range is unchanged
+    blocks = padded.reshape(nb, BLOCK)
+    lo = blocks.min(axis=1)
+    scale = (blocks.max(axis=1) - lo) / np.float32(255.0)
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    codes = np.rint((blocks - lo[:, None]) / safe[:, None])
+    codes = np.clip(codes, 0, 255).astype(np.uint8).reshape(-1)[:n]
+    head = np.concatenate([scale.astype("<f4"), lo.astype("<f4")]).view(np.uint8)
+    return np.concatenate([head, codes])
+
+
+def int8_length(n: int) -> int:
+    """Bytes of the ``int8`` payload of ``n`` values."""
+    return n + 8 * -(-n // BLOCK)
+
+
+def dequantise(payload: np.ndarray) -> np.ndarray:
+    """The float32 delta an ``int8`` payload holds.
+
+    Raises
+    ------
+    ProtocolError
+        If the length fits no number of values or a scale or offset is negative
+        or not finite (a corrupt payload).
+    """
+    raw = np.asarray(payload)
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ProtocolError(f"an int8 payload is a 1-D uint8 array, got {raw.dtype} {raw.shape}")
+    total = raw.size
+    nb = -(-total // (BLOCK + 8))
+    n = total - 8 * nb
+    if n <= 0 or int8_length(n) != total:
+        raise ProtocolError(f"an int8 payload of {total} bytes fits no number of values (blocks of {BLOCK})")
+    head = raw[: 8 * nb].view("<f4").astype(np.float32)
+    scale, lo = head[:nb], head[nb:]
+    if not (np.isfinite(head).all() and (scale >= 0).all()):
+        raise ProtocolError("an int8 payload holds a negative or non-finite scale or offset (corrupt)")
+    codes = raw[8 * nb :].astype(np.float32)
+    block = np.arange(n) // BLOCK
+    out = lo[block] + codes * scale[block]
+    if not np.isfinite(out).all():
+        raise ProtocolError("an int8 payload decodes to non-finite values (corrupt)")
+    return out
+
+
+class ErrorFeedback:
+    """A sender's residual of its last int8 quantisation (error feedback).
+
+    One per sender and model; kept in memory (a restarted device starts again from
+    zero, which only loses the last residual)."""
+
+    def __init__(self) -> None:
+        self.residual: np.ndarray | None = None
+
+    def encode(self, weights: np.ndarray, base: np.ndarray) -> np.ndarray:
+        """The ``int8`` payload of ``weights - base`` plus the carried residual; keeps
+        the new residual."""
+        target = np.asarray(weights, np.float32) - np.asarray(base, np.float32)
+        if self.residual is not None and self.residual.shape == target.shape:
+            target = target + self.residual
+        payload = quantise(target)
+        self.residual = target - dequantise(payload)
+        return payload
+
+
+def encode_output(
+    weights: np.ndarray, start: np.ndarray, codec: FrameCodec, feedback: ErrorFeedback
+) -> tuple[np.ndarray, FrameCodec]:
+    """What a device sends for its trained ``weights``: the payload and its codec.
+
+    ``int8``: the delta against ``start`` (the model it trained from, as received)
+    through the device's ``feedback``; non-finite weights cannot be quantised and go
+    ``raw``, for the receiver to refuse with the reason. Other codecs: the weights."""
+    if codec == "int8":
+        if np.isfinite(weights).all():
+            return feedback.encode(weights, start), "int8"
+        codec = "raw"
+    return encode_float(weights, codec), codec
+
+
+# -- receivers --------------------------------------------------------------------------------
+def decode(encoded: np.ndarray, codec: str, base: np.ndarray | None = None) -> np.ndarray:
+    """The float32 weights a payload carries.
+
+    Parameters
+    ----------
+    encoded : the payload as it arrived (float32, float16 or uint8).
+    codec : the header's ``codec``.
+    base : the model the delta is against (``int8`` only).
+
+    Raises
+    ------
+    ProtocolError
+        For an unknown codec, a payload whose dtype does not fit its codec, an
+        ``int8`` frame without its base, or a corrupt payload.
+    """
+    arr = np.asarray(encoded).reshape(-1)
+    expected = {"raw": np.float32, "fp16": np.float16, "int8": np.uint8}.get(codec)
+    if expected is None:
+        raise ProtocolError(f"unknown codec {codec!r} (this receiver decodes {', '.join(FRAME_CODECS)})")
+    if arr.dtype != expected:
+        raise ProtocolError(f"a {codec} model payload must be {np.dtype(expected).name}, got {arr.dtype}")
+    if codec != "int8":
+        return arr.astype(np.float32, copy=False)
+    if base is None:
+        raise ProtocolError("an int8 delta without the base model it is against")
+    delta = dequantise(arr)
+    if delta.size != np.asarray(base).size:
+        raise ProtocolError(f"an int8 delta of {delta.size} values against a base of {np.asarray(base).size}")
+    return (np.asarray(base, np.float32).reshape(-1) + delta).astype(np.float32)

@@ -1,0 +1,172 @@
+"""Wire codecs: round trips within the stated bounds, error feedback, chains of
+hand-offs, and frames with unknown or corrupt codec fields refused with a reason."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from device.errors import ProtocolError
+from device.protocol import (
+    ErrorFeedback,
+    Reassembler,
+    check_weights,
+    decode,
+    encode_float,
+    encode_frames,
+    encode_output,
+    parse_frame,
+    payload_key,
+)
+from device.protocol.codecs import BLOCK, dequantise, int8_length, quantise
+from tests.device.test_protocol import _rebuild
+
+
+def _weights(n: int = 5_000, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.1, n).astype(np.float32)
+
+
+def _int8_bound(delta: np.ndarray) -> np.ndarray:
+    """Per value: half a step of its block plus float32 rounding (codecs docstring)."""
+    n = delta.size
+    pad = np.concatenate([delta, np.full(-n % BLOCK, delta[-1])]).reshape(-1, BLOCK)
+    step = (pad.max(1) - pad.min(1)) / 255
+    big = np.abs(pad).max(1)
+    return np.repeat(step / 2 + 2.0**-22 * big, BLOCK)[:n]
+
+
+def test_fp32_round_trip_is_exact() -> None:
+    w = _weights()
+    assert np.array_equal(decode(encode_float(w, "raw"), "raw"), w)
+
+
+def test_fp16_round_trip_within_its_relative_bound() -> None:
+    w = np.concatenate([_weights(), np.array([1e-6, -3e-7, 0.0, 60_000.0], np.float32)])
+    back = decode(encode_float(w, "fp16"), "fp16")
+    assert encode_float(w, "fp16").nbytes == w.nbytes // 2
+    bound = np.maximum(2.0**-11 * np.abs(w), 2.0**-25)
+    assert np.all(np.abs(back - w) <= bound)
+
+
+def test_int8_round_trip_within_half_a_step_per_block() -> None:
+    scales = np.repeat(np.array([1.0, 0.01, 10.0, 0.0, 0.5]), BLOCK)[:1_100]  # blocks differ; the last is partial
+    d = (_weights(1_100) * scales).astype(np.float32)
+    payload = quantise(d)
+    assert payload.dtype == np.uint8 and payload.size == int8_length(d.size) == 1_100 + 8 * 5
+    back = dequantise(payload)
+    assert np.all(np.abs(back - d) <= _int8_bound(d))
+    assert np.array_equal(back[3 * BLOCK : 4 * BLOCK], d[3 * BLOCK : 4 * BLOCK])  # a constant block is exact
+
+
+def test_error_feedback_carries_the_residual() -> None:
+    """Over many steps the decoded deltas sum to the true deltas up to the last
+    residual alone; without feedback the quantisation error accumulates."""
+    rng = np.random.default_rng(1)
+    base = np.zeros(2_000, np.float32)
+    fb = ErrorFeedback()
+    sent = np.zeros_like(base)
+    meant = np.zeros_like(base)
+    plain = np.zeros_like(base)
+    for _ in range(200):
+        d = (rng.normal(0, 0.01, base.size) + 0.001).astype(np.float32)  # a small bias quantisation rounds off
+        meant += d
+        sent += dequantise(fb.encode(base + d, base))
+        plain += dequantise(quantise(d))
+    assert fb.residual is not None
+    np.testing.assert_allclose(sent + fb.residual, meant, atol=1e-4)
+    assert np.abs(meant - sent).max() <= np.abs(fb.residual).max() + 1e-4
+    assert np.abs(meant - sent).mean() < np.abs(meant - plain).mean() / 3
+
+
+def test_a_chain_of_ten_int8_hand_offs_stays_within_the_stated_bound_of_the_fp32_chain() -> None:
+    """Each hand-off is the chain's model as a delta against the group's start model
+    (which every member holds). A member trains from the model it decoded, so each
+    hop's error is carried on, but never re-quantised: after k hand-offs the int8
+    chain is within the sum of the k hops' bounds of the fp32 chain (codecs docstring)."""
+    rng = np.random.default_rng(2)
+    start = _weights(3_000, seed=3)
+    exact = start.copy()  # the fp32 chain
+    current = start.copy()  # the int8 chain
+    allowed = np.zeros_like(start)
+    for i in range(10):
+        step = rng.normal(0, 0.01, start.size).astype(np.float32)  # member i's training
+        exact = exact + step
+        trained = current + step
+        current = decode(ErrorFeedback().encode(trained, start), "int8", start)  # each member its own sender
+        allowed += _int8_bound(trained - start)
+        assert np.all(np.abs(current - exact) <= allowed + 1e-6), f"hand-off {i + 1}"
+    assert np.abs(current - exact).mean() < allowed.mean() / 2  # independent errors do not line up
+
+
+def test_non_finite_output_goes_raw_for_the_receiver_to_refuse() -> None:
+    w = _weights(10)
+    w[3] = np.nan
+    payload, codec = encode_output(w, np.zeros(10, np.float32), "int8", ErrorFeedback())
+    assert codec == "raw" and np.isnan(payload[3])
+
+
+def _one_frame(array: np.ndarray, **kw: object) -> bytes:
+    (frame,) = encode_frames(array, kind="model", run="r", round=1, group=0, sender="server", **kw)  # type: ignore[arg-type]
+    return frame
+
+
+def test_frames_carry_codec_and_base_and_decode_with_the_base_held() -> None:
+    from device.protocol import FrameExtra
+
+    start, trained = _weights(600), _weights(600, seed=5)
+    base = payload_key(encode_float(start, "fp16"))
+    (frame,) = encode_frames(
+        ErrorFeedback().encode(trained, start),
+        kind="result",
+        run="r",
+        round=1,
+        group=0,
+        sender="dev1",
+        extra=FrameExtra("t1", position=0),
+        codec="int8",
+        base=base,
+    )
+    payload = Reassembler().add(frame)
+    assert payload is not None and payload.header.codec == "int8" and payload.header.base == base
+    got = check_weights(payload, 600, {base: start})
+    assert np.all(np.abs(got - trained) <= _int8_bound(trained - start))
+    half = Reassembler().add(_one_frame(encode_float(trained, "fp16"), codec="fp16", extra=FrameExtra("t1")))
+    assert half is not None and half.header.codec == "fp16" and half.header.dtype == "float16"
+    assert np.allclose(check_weights(half, 600), trained, rtol=2**-11, atol=2**-25)
+
+
+def test_unknown_or_corrupt_codec_fields_are_refused_with_a_reason() -> None:
+    from device.protocol import FrameExtra
+
+    start, trained = _weights(600), _weights(600, seed=5)
+    base = payload_key(encode_float(start, "fp16"))
+    delta = ErrorFeedback().encode(trained, start)
+    frame = _one_frame(delta, codec="int8", base=base, extra=FrameExtra("t1"))
+    with pytest.raises(ProtocolError, match="codec must be one of"):
+        parse_frame(_rebuild(frame, codec="int4"))
+    with pytest.raises(ProtocolError, match="names its base"):
+        parse_frame(_rebuild(frame, base=None))
+    with pytest.raises(ProtocolError, match="base must be 64"):
+        parse_frame(_rebuild(frame, base="v1"))
+    with pytest.raises(ProtocolError, match="cannot be uint8"):
+        parse_frame(_rebuild(frame, codec="fp16", base=None))
+    with pytest.raises(ProtocolError, match="names its base"):
+        parse_frame(_rebuild(_one_frame(trained, extra=FrameExtra("t1")), base=base))
+    payload = Reassembler().add(frame)
+    assert payload is not None
+    with pytest.raises(ProtocolError, match="does not hold"):
+        check_weights(payload, 600, {})
+    with pytest.raises(ProtocolError, match="does not hold"):
+        check_weights(payload, 600)
+    with pytest.raises(ProtocolError, match="does not fit a model of 700"):
+        check_weights(payload, 700, {base: np.zeros(700, np.float32)})
+    bad = delta.copy()
+    bad[:4] = np.frombuffer(np.float32(-1.0).tobytes(), np.uint8)  # a negative scale
+    corrupt = Reassembler().add(_one_frame(bad, codec="int8", base=base, extra=FrameExtra("t1")))
+    assert corrupt is not None
+    with pytest.raises(ProtocolError, match="corrupt"):
+        check_weights(corrupt, 600, {base: start})
+    with pytest.raises(ProtocolError, match="fits no number"):
+        dequantise(delta[:270])  # 2 blocks need 16 bytes of scales and offsets and 257 codes at least
+    with pytest.raises(ProtocolError, match="unknown codec"):
+        decode(delta, "zstd")
