@@ -76,11 +76,35 @@ class _PageReleaser:
         if self._madvise is None or not arr.flags.c_contiguous:
             return 0
         start = int(arr.__array_interface__["data"][0])
+        return self._release_span(start, start + arr.nbytes)
+
+    def _release_span(self, start: int, stop: int) -> int:
         page = mmap.PAGESIZE
-        lo, hi = -(-start // page) * page, (start + arr.nbytes) // page * page
+        lo, hi = -(-start // page) * page, stop // page * page
         if hi <= lo or self._madvise(lo, hi - lo, self.MADV_DONTNEED) != 0:
             return 0
         return hi - lo
+
+    def copy_out(self, src: np.ndarray, dst: np.ndarray, chunk_bytes: int = 1 << 20) -> None:
+        """``dst[...] = src``, releasing ``src``'s pages as they are copied.
+
+        A single copy would hold both whole buffers at its end (two 26 MB kernels for the
+        FEMNIST CNN); chunk by chunk, the source shrinks as the destination grows, so the
+        copy adds one chunk to the peak. Only pages wholly inside ``src`` are released.
+        """
+        flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+        if self._madvise is None or not src.flags.c_contiguous:
+            flat_dst[...] = flat_src
+            return
+        base = int(src.__array_interface__["data"][0])
+        step = max(1, chunk_bytes // max(src.itemsize, 1))
+        released = base  # pages below this address are gone (or were never ours)
+        for first in range(0, flat_src.size, step):
+            last = min(first + step, flat_src.size)
+            flat_dst[first:last] = flat_src[first:last]
+            stop = base + last * src.itemsize
+            self._release_span(released, stop)
+            released = max(released, stop // mmap.PAGESIZE * mmap.PAGESIZE)
 
 
 _pages = _PageReleaser()
@@ -226,6 +250,7 @@ class TFLiteModel:
         if missing:
             raise ModelError(f"{model_path} lacks the signatures its manifest lists: {missing}")
         self._runners: dict[str, Any] = {}
+        self._primed: set[str] = set()  # signatures whose tensors _prime_arena allocated
         self._pending_rows = 0  # rows of deferred updates not yet folded in
         self._weights_set = self.manifest.initial_weights
         self.path = model_path
@@ -267,8 +292,9 @@ class TFLiteModel:
         into the flat vector: ``get_weights`` would hold a second, concatenated copy
         of every weight in its own arena for the rest of the process (26 MB for the
         FEMNIST CNN), and its output would be copied once more into Python. The
-        pages of ``get_tensors``' outputs are released as soon as each is copied
-        (see ``_PageReleaser``).
+        pages of ``get_tensors``' outputs are released chunk by chunk as they are
+        copied (see ``_PageReleaser.copy_out``), so reading adds the flat vector and
+        one chunk to the peak, not a second copy of the model.
         """
         self._require_weights()
         if "get_tensors" not in self.manifest.signatures:
@@ -282,9 +308,7 @@ class TFLiteModel:
             return flat
         io.invoke()
         for t in self.manifest.tensors:
-            view = io.output(tensor_key(t.name))
-            flat[t.offset : t.offset + t.size] = view.reshape(-1)
-            _pages.release(view)
+            _pages.copy_out(io.output(tensor_key(t.name)), flat[t.offset : t.offset + t.size])
         return flat
 
     def _tensor_io(self, name: str) -> _TensorIO | None:
@@ -417,6 +441,26 @@ class TFLiteModel:
 
         return accumulating_step
 
+    def _prime_arena(self, name: str) -> None:
+        """Allocate signature ``name``'s tensors before any training step runs.
+
+        LiteRT gives all signatures one shared arena for their intermediate tensors
+        and grows it, when a signature needs more, by allocating the larger arena
+        before freeing the old one: for a moment both are resident. The fold-in
+        signatures (``flush``, ``apply_accumulated``) have fixed shapes and the
+        largest arenas (the FEMNIST CNN's ``flush``: 51 MB, about what
+        ``train_deferred`` takes at batch 32). Allocating the fold-in first, while
+        the arena is still small, spares the 49 MB transient of growing it from the
+        step's size in the middle of training. Allocation computes nothing, so the
+        weights are unaffected.
+        """
+        if name in self._primed or name not in self.manifest.signatures:
+            return
+        io = self._tensor_io(name)
+        if io is not None:
+            io.allocate()
+        self._primed.add(name)
+
     def _step_function(
         self, lr: float, mu: float, batch_size: int, deferred: bool = True, accumulate: bool = True
     ) -> Callable[[np.ndarray, np.ndarray], float]:
@@ -426,12 +470,14 @@ class TFLiteModel:
             self._runner("set_anchor")()
         chunk = self.manifest.accumulate_chunk
         if accumulate and chunk and batch_size > chunk:
+            self._prime_arena("apply_accumulated_prox" if mu > 0 else "apply_accumulated")
             return self._accumulating_step(lr, mu)
         if mu > 0:
             prox, mu32 = self._runner("train_prox"), np.float32(mu)
             return lambda xb, yb: float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
         rank = self.manifest.deferred_rank
         if deferred and rank and batch_size <= rank:
+            self._prime_arena("flush")
             train_deferred = self._runner("train_deferred")
 
             def deferred_step(xb: np.ndarray, yb: np.ndarray) -> float:

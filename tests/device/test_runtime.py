@@ -145,6 +145,43 @@ def test_the_weight_signatures_give_back_their_copies_of_the_weights(zoo_model) 
     np.testing.assert_array_equal(model.get_weights(), w[::-1])
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the runtime releases pages on Linux only")
+def test_copy_out_copies_exactly_and_gives_back_the_source_pages_chunk_by_chunk() -> None:
+    """get_weights copies each output chunk by chunk, releasing what it has copied, so
+    the source never sits beside a whole copy; chunk ends need not fall on pages."""
+    from device.runtime import _pages
+
+    rng = np.random.default_rng(7)
+    src = rng.normal(size=300_001).astype(np.float32)  # ~1.2 MB: several chunks, odd size
+    want = src.copy()
+    dst = np.empty_like(src)
+
+    _pages.copy_out(src, dst, chunk_bytes=12_345)
+
+    np.testing.assert_array_equal(dst, want)
+    edge = 2 * mmap.PAGESIZE // 4  # floats on the two partial pages at the buffer's ends
+    assert np.count_nonzero(src) <= edge
+
+
+def test_priming_the_fold_in_arena_leaves_training_unchanged(zoo_model) -> None:
+    """Allocating flush's tensors before the first deferred step computes nothing: the
+    trained weights are bit for bit those of training without it."""
+    path = zoo_model("cnn_femnist")
+    rng = np.random.default_rng(8)
+    x = rng.random((40, 784), dtype=np.float32)
+    y = rng.integers(0, 62, 40)
+    primed, unprimed = TFLiteModel(path), TFLiteModel(path)
+    unprimed._primed.add("flush")  # as if already allocated: no priming happens
+    start = primed.get_weights()
+
+    a = primed.train(x, y, epochs=2, batch_size=8, lr=0.05, seed=4, initial_weights=start).weights
+    b = unprimed.train(x, y, epochs=2, batch_size=8, lr=0.05, seed=4, initial_weights=start).weights
+
+    assert "flush" in primed._primed
+    assert not np.array_equal(a, start)
+    np.testing.assert_array_equal(a, b)
+
+
 def test_weights_survive_a_batch_size_change(zoo_model) -> None:
     """Resizing inputs (last partial batch) must not reset the variables."""
     model = TFLiteModel(zoo_model("mlp_mnist"))
