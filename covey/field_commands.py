@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from covey.simulation_commands import add_codec_flag
 from device.errors import ConfigError
 
 DEFAULT_MODEL = "mlp_femnist"
@@ -28,7 +29,7 @@ def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
     out = ["--strategy", args.strategy, "--model", args.model, "--rounds", str(args.rounds)]
     out += ["--deadline", str(args.deadline), "--register-timeout", str(args.register_timeout)]
     out += ["--federated-eval-every", "0", "--link-bandwidth-mhz", str(args.link_bandwidth_mhz)]
-    for flag in ("epochs", "batch", "lr"):
+    for flag in ("epochs", "batch", "lr", "codec"):
         value = getattr(args, flag)
         if value is not None:
             out += [f"--{flag}", str(value)]
@@ -122,6 +123,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--epochs", type=int, help="local epochs (default: the method's paper value)")
     p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
+    add_codec_flag(p)
     p.add_argument("--target", type=float, help="accuracy (%%) whose time-to-accuracy the report gives")
     p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (default: the bundled FEMNIST sample)")
     p.add_argument("--out", help="report, plot, run state and logs (default runs/field/<topology>-<strategy>)")
