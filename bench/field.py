@@ -19,7 +19,7 @@ then a markdown table, and a plot per topology (``--plots DIR``).
 Needs root (network namespaces) and mosquitto. About an hour on 2 cores.
 
 Usage: ``python bench/field.py [--rounds 8] [--model mlp_femnist] [--out runs/bench-field]
-[--plots docs/plots] [--topologies office field] [--strategies fedavg dsc fedavg_ic fedgsp]``
+[--plots docs/plots] [--topologies office field] [--strategies fedavg dsc fedavg_ic fedgsp] [--reuse]``
 """
 
 from __future__ import annotations
@@ -44,6 +44,9 @@ PREFIX = {"field": "field", "office": "office"}
 
 def run_one(topology: str, strategy: str, args: argparse.Namespace) -> FieldReport:
     out = Path(args.out) / f"{topology}-{strategy}"
+    if args.reuse and (out / "field.json").exists():
+        print(f"reusing {out / 'field.json'}", flush=True)
+        return FieldReport.from_dict(json.loads((out / "field.json").read_text()))
     argv = [sys.executable, "-m", "covey.cli", "field-test", str(REPO / "examples" / "topologies" / f"{topology}.toml")]
     argv += ["--strategy", strategy, "--rounds", str(args.rounds), "--model", args.model, "--out", str(out)]
     argv += ["--seed", str(args.seed)]
@@ -69,6 +72,7 @@ def main() -> int:
     p.add_argument("--topologies", nargs="+", default=["office", "field"])
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES))
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per field test")
+    p.add_argument("--reuse", action="store_true", help="read a finished test's field.json instead of running it")
     args = p.parse_args()
 
     rows = []

@@ -60,6 +60,7 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         aggregation=args.aggregation,
         trim=args.trim,
         topology=args.topology,
+        link_grouping=False if args.no_link_grouping else None,
         codec=args.codec,
     )
 
@@ -233,6 +234,12 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="network topology TOML (sites, links): strategies get its SNR and RTT matrices and each round "
         "its modelled time (examples/topologies/, docs/links.md)",
+    )
+    p.add_argument(
+        "--no-link-grouping",
+        action="store_true",
+        help="with --topology: strategies do not get its matrices (DSC, FedAvg-IC group on data alone); "
+        "the links still time each round",
     )
     add_codec_flag(p)
     p.add_argument("--out", default="runs", help="output folder (default: runs)")

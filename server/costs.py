@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from server.strategies.base import GroupResult, RoundPlan
+from server.strategies.base import Aggregation, GroupResult, RoundPlan
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,12 @@ class CostModel:
     rate_out_bps: float = 567e6
 
     def round_costs(
-        self, plan: RoundPlan, results: Sequence[GroupResult], epochs: int, model_bytes: int
+        self,
+        plan: RoundPlan,
+        results: Sequence[GroupResult],
+        epochs: int,
+        model_bytes: int,
+        aggregation: Aggregation = "server",
     ) -> dict[str, float]:
         """``t_comp_s`` (Eq. 15), ``t_comm_s`` (Eq. 16-17) and ``bytes`` of one round.
 
@@ -34,6 +39,9 @@ class CostModel:
         plan, results : the round's plan and what came back (samples per member).
         epochs : local epochs.
         model_bytes : size of one model.
+        aggregation : where parallel groups' models met; FedGSP's model has one
+            rate for every transfer, so only a topology's model
+            (:class:`server.simulation.topology.TopologyCostModel`) tells them apart.
 
         Returns
         -------

@@ -290,7 +290,7 @@ class RoundDriver:
         srv_acc, srv_loss = (float("nan"), float("nan"))
         if self.server_eval is not None and self.strategy.global_weights is not None:
             srv_acc, srv_loss = self.server_eval(self.strategy.global_weights)
-        costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes)
+        costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes, summary.aggregation)
         stats = self.backend.round_stats()
         extra.update(summary.extra)
         if stats.wire_bytes:  # measured frames, beside the modelled ``bytes``

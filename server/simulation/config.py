@@ -134,6 +134,7 @@ class SimulationConfig:
     aggregation: str = "mean"
     trim: float = 0.2
     topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
+    link_grouping: bool = True  # strategies get the topology's matrices (False: they time the rounds only)
     codec: str = "fp32"  # how models travel (device/protocol/codecs.py): fp32, fp16, int8
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
@@ -146,6 +147,8 @@ class SimulationConfig:
             raise ConfigError(f"model must be the name of a zoo model (a string), got {_shown(self.model)}")
         if self.dataset not in DATASETS:
             raise ConfigError(f"unknown data set {self.dataset!r}; choose one of {', '.join(DATASETS)}")
+        if not isinstance(self.link_grouping, bool):
+            raise ConfigError(f"link_grouping must be true or false, got {_shown(self.link_grouping)}")
         if self.codec not in WIRE_CODECS:
             raise ConfigError(f"codec must be one of {', '.join(WIRE_CODECS)}, got {_shown(self.codec)}")
         if self.shift_mode not in SHIFT_MODES:
@@ -272,6 +275,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         "shift_mode",
         "clients_per_round",
         "topology",
+        "link_grouping",
         "codec",
     ):
         if key in sim:

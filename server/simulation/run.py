@@ -95,6 +95,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "aggregation": cfg.setting("aggregation", cfg.aggregation),
         "trim": cfg.setting("trim", cfg.trim),
         "topology": cfg.setting("topology", cfg.topology or "none"),
+        "link_grouping": cfg.setting("link_grouping", cfg.link_grouping),
         "codec": cfg.setting("codec", cfg.codec),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
         **train_settings,
@@ -161,7 +162,9 @@ def run_simulation(
 
         topology = load_topology(c.topology)
         matrices = link_matrices(topology, list(fed))
-        snr, distance, links = matrices.snr_db, matrices.rtt_ms, matrices.to_dict()
+        links = matrices.to_dict()
+        if c.link_grouping:  # else the strategies group on data alone; the links still time the rounds
+            snr, distance = matrices.snr_db, matrices.rtt_ms
         cost = TopologyCostModel(topology=topology, site=topology.site_of(list(fed)))
     sim = Simulation(
         strategy,

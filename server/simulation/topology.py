@@ -44,7 +44,7 @@ from device.errors import ConfigError
 from device.link import shannon_snr_db
 from server.costs import CostModel
 from server.links import LinkMatrices
-from server.strategies.base import GroupResult, RoundPlan
+from server.strategies.base import Aggregation, GroupResult, MemberResult, RoundPlan, TrainConfig
 
 try:  # Python 3.11+
     import tomllib
@@ -224,20 +224,81 @@ def link_matrices(topology: Topology, ids: Sequence[str]) -> LinkMatrices:
 @dataclass(frozen=True)
 class TopologyCostModel(CostModel):
     """FedGSP Eq. 15-17 on a topology's links: the time of a round is that of its slowest
-    group. A parallel member downloads over its server link, trains and uploads; a chain's
-    first member downloads, each member trains and hands on over the pair link, and the
-    last returns the model over its server link (``t_round_s``)."""
+    group (``t_round_s``).
+
+    A chain's first member downloads over its server link, each member trains and hands
+    on over the pair link, and the last returns the model over its server link. A
+    parallel group, by the round's :data:`~server.strategies.base.Aggregation`:
+
+    * ``server``: each member downloads, trains and uploads over its own server link;
+    * ``leader`` (DSC, Sun et al. Eq. 2-3; FedAvg-IC's global rounds): the group's leader
+      gets the model over its server link and passes it to each member over their pair
+      link, members train and return it the same way, and the leader uploads the group's
+      aggregate;
+    * ``leader_only`` (FedAvg-IC's group rounds, Lee et al. ``d_group``): as ``leader``
+      without the server link: the group model stays with the leader.
+
+    The leader is the member that reaches the others soonest (least summed transfer
+    time over the pair links: the group's medoid, as FedAvg-IC's Eq. 11 picks it).
+
+    Training takes ``flops_per_param`` FLOPs per parameter and sample (2 forward, 4
+    backward: the usual estimate for dense layers) at ``device_flops``, over the samples a
+    member actually trains: its data times the epochs, or ``max_steps`` mini-batches when
+    the plan caps them (FedAvg-IC's τ1 steps). ``flops_per_param=None`` keeps FedGSP's
+    96 MFLOPs per sample, which is its CNN's and far more than an MLP's.
+    """
 
     topology: Topology | None = None
     site: dict[str, Site] = field(default_factory=dict)
+    flops_per_param: float | None = 6.0
 
-    def _train_s(self, n_samples: int, epochs: int) -> float:
-        return self.flops_per_sample / self.device_flops * n_samples * epochs
+    def _train_s(self, n_samples: int, train: TrainConfig, model_bytes: int) -> float:
+        samples = n_samples * train.epochs
+        if train.max_steps is not None:
+            samples = min(samples, train.max_steps * train.batch_size)
+        per_sample = self.flops_per_sample if self.flops_per_param is None else self.flops_per_param * model_bytes / 4
+        return per_sample / self.device_flops * samples
+
+    def _pair_s(self, a: str, b: str, model_bytes: int) -> float:
+        assert self.topology is not None
+        return 0.0 if a == b else self.topology.pair(self.site[a], self.site[b]).transfer_s(model_bytes)
+
+    def _chain_s(self, members: Sequence[MemberResult], train: TrainConfig, model_bytes: int) -> float:
+        first, last = self.site[members[0].client_id], self.site[members[-1].client_id]
+        t = first.link.transfer_s(model_bytes) + last.link.transfer_s(model_bytes)
+        for k, m in enumerate(members):
+            t += self._train_s(m.n_samples, train, model_bytes)
+            if k + 1 < len(members):
+                t += self._pair_s(m.client_id, members[k + 1].client_id, model_bytes)
+        return t
+
+    def _parallel_s(
+        self, members: Sequence[MemberResult], train: TrainConfig, model_bytes: int, aggregation: Aggregation
+    ) -> float:
+        if aggregation == "server":
+            return max(
+                2 * self.site[m.client_id].link.transfer_s(model_bytes) + self._train_s(m.n_samples, train, model_bytes)
+                for m in members
+            )
+        ids = [m.client_id for m in members]
+        leader = min(ids, key=lambda a: sum(self._pair_s(a, b, model_bytes) for b in ids))
+        t = max(
+            2 * self._pair_s(leader, m.client_id, model_bytes) + self._train_s(m.n_samples, train, model_bytes)
+            for m in members
+        )
+        if aggregation == "leader":
+            t += 2 * self.site[leader].link.transfer_s(model_bytes)
+        return t
 
     def round_costs(
-        self, plan: RoundPlan, results: Sequence[GroupResult], epochs: int, model_bytes: int
+        self,
+        plan: RoundPlan,
+        results: Sequence[GroupResult],
+        epochs: int,
+        model_bytes: int,
+        aggregation: Aggregation = "server",
     ) -> dict[str, float]:
-        costs = super().round_costs(plan, results, epochs, model_bytes)
+        costs = super().round_costs(plan, results, epochs, model_bytes, aggregation)
         if self.topology is None:
             return costs
         slowest = 0.0
@@ -246,18 +307,9 @@ class TopologyCostModel(CostModel):
             if not members:
                 continue
             if g.mode == "chain":
-                first, last = self.site[members[0].client_id], self.site[members[-1].client_id]
-                t = first.link.transfer_s(model_bytes) + last.link.transfer_s(model_bytes)
-                for k, m in enumerate(members):
-                    t += self._train_s(m.n_samples, epochs)
-                    if k + 1 < len(members):
-                        nxt = self.site[members[k + 1].client_id]
-                        t += self.topology.pair(self.site[m.client_id], nxt).transfer_s(model_bytes)
+                t = self._chain_s(members, plan.train, model_bytes)
             else:
-                t = max(
-                    2 * self.site[m.client_id].link.transfer_s(model_bytes) + self._train_s(m.n_samples, epochs)
-                    for m in members
-                )
+                t = self._parallel_s(members, plan.train, model_bytes, aggregation)
             slowest = max(slowest, t)
         costs["t_round_s"] = slowest
         return costs

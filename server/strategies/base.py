@@ -35,6 +35,13 @@ from server.aggregation.robust import AggregationRule, combine
 from server.errors import StrategyError
 
 GroupMode = Literal["chain", "parallel"]
+# Where a parallel group's models meet (what a topology's time model charges):
+# "server": every member exchanges its model with the server;
+# "leader": members exchange with their group's leader, which exchanges with the server
+#           (DSC's group leaders, Sun et al. Eq. 2-3; FedAvg-IC's global rounds);
+# "leader_only": members exchange with their leader, the group model stays there
+#           (FedAvg-IC's group aggregation, Lee et al. Eq. 5, d_group).
+Aggregation = Literal["server", "leader", "leader_only"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ class RoundSummary:
     groups: list[list[str]]
     train_loss: float
     extra: dict[str, float] = field(default_factory=dict)
+    aggregation: Aggregation = "server"  # where the groups' models met (see Aggregation)
 
 
 class Strategy(ABC):

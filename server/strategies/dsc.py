@@ -93,4 +93,4 @@ class DSC(GroupModelStrategy):
         groups: dict[int, list[str]] = {}
         for c, g in sorted(self.assignment.items()):
             groups.setdefault(g, []).append(c)
-        return RoundSummary(rnd, self.n_groups, list(groups.values()), mean_loss(results))
+        return RoundSummary(rnd, self.n_groups, list(groups.values()), mean_loss(results), aggregation="leader")

@@ -109,7 +109,8 @@ class FedAvgIC(GroupModelStrategy):
         k = min(self.n_groups, len(ids))
         measured = ctx.distance_matrix()
         has_dist = measured is not None and bool(measured.any())
-        dist = measured if measured is not None and has_dist else np.zeros((len(ids), len(ids)))
+        # measured RTTs differ a little by direction (server/links.py); the cost is per pair
+        dist = (measured + measured.T) / 2 if measured is not None and has_dist else np.zeros((len(ids), len(ids)))
         if self.alpha_iid == 0 and not has_dist:
             labels = np.empty(len(ids), np.int64)
             for g, members in enumerate(random_groups(len(ids), k, self.rng)):
@@ -178,6 +179,7 @@ class FedAvgIC(GroupModelStrategy):
             self.groups_as_lists(),
             mean_loss(results),
             {"global_aggregation": float(is_global)},
+            aggregation="leader" if is_global else "leader_only",
         )
 
 

@@ -114,3 +114,43 @@ def test_a_link_far_beyond_its_bandwidth_caps_its_snr_instead_of_overflowing() -
     m = link_matrices(topology, ["x", "y"])
     assert m.snr_db is not None and np.isfinite(m.snr_db).all() and m.snr_db[0, 0] > 100
     assert "t" in m.table().splitlines()[2]  # marked as from a topology file, not as a guess
+
+
+def test_fedavg_ic_groups_on_a_measured_rtt_matrix_that_differs_by_direction() -> None:
+    # A run on boards measures each direction (server/links.py): the matrix is not
+    # symmetric, and once stopped the coordinator of a field test (exit status 2)
+    topology = load_topology(OFFICE)
+    fed = synthetic(1, 1, 12, seed=0)
+    ids = sorted(fed)
+    rtt = link_matrices(topology, ids).rtt_ms
+    measured = rtt * np.random.default_rng(0).uniform(0.8, 1.2, rtt.shape)
+    strategy = make_strategy("fedavg_ic", train=TRAIN, n_groups=3, tau1=1, tau2=5, clients_per_round=12)
+    sim = Simulation(strategy, fed, ensure_model("mclr_synthetic"), seed=0, distance=measured, federated_eval_every=0)
+
+    sim.run(2)
+
+    assert sorted(strategy.assignment) == ids and len(set(strategy.assignment.values())) == 3
+
+
+def test_groups_that_meet_at_a_leader_skip_the_slow_server_link() -> None:
+    from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan
+
+    # Prepare: the office's 12 devices in their 3 sites, one group per site
+    topology = load_topology(OFFICE)
+    ids = [f"c{i:02d}" for i in range(12)]
+    cost = TopologyCostModel(topology=topology, site=topology.site_of(ids))
+    groups = [ids[0:4], ids[4:8], ids[8:12]]
+    plan = RoundPlan(1, tuple(GroupPlan(g, tuple(m), "parallel", "w") for g, m in enumerate(groups)),
+                     {"w": np.zeros(1)}, TRAIN)  # fmt: skip
+    results = [GroupResult(g, tuple(MemberResult(c, 100, 0.0) for c in m)) for g, m in enumerate(groups)]
+    n_bytes = 4_000_000
+
+    # Execute
+    t = {a: cost.round_costs(plan, results, 1, n_bytes, a)["t_round_s"] for a in ("server", "leader", "leader_only")}
+
+    # Assert: the far corner's 6 Mbit/s link is crossed twice per model by every member,
+    # by the leader alone, or not at all
+    far = topology.sites[2].link.transfer_s(n_bytes)
+    assert t["server"] >= 2 * far
+    assert t["leader_only"] < far / 2
+    assert t["leader_only"] < t["leader"] <= t["server"] + 2 * far
