@@ -19,7 +19,7 @@ import pytest
 from covey.cli import main
 from server.field.netns import available, leftovers
 
-HERE = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[2]
 OK, WHY = available()
 pytestmark = [
     pytest.mark.broker,
@@ -29,9 +29,9 @@ pytestmark = [
 
 
 def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Prepare: the topology file of this folder, as docs/links.md tells a user
-    argv = ["field-test", str(HERE / "field_lab.toml"), "--strategy", "dsc", "--rounds", "1", "--epochs", "1"]
-    argv += ["--batch", "10", "--lr", "0.01", "--target", "1", "--out", str(tmp_path / "field")]
+    # Prepare: the command of docs/links.md ("Field tests"), with an output folder and a target
+    argv = ["field-test", str(REPO / "examples/topologies/lab.toml"), "--strategy", "dsc", "--rounds", "1"]
+    argv += ["--target", "1", "--out", str(tmp_path / "field")]
 
     # Execute
     code = main(argv)
