@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import multiprocessing as mp
+import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -85,16 +86,29 @@ def balance(costs: Sequence[float], bins: int) -> list[list[int]]:
     return [sorted(b) for b in batches if b]
 
 
+def _shm_free_bytes() -> int:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
+
+
 class _Block:
     """A shared-memory block the parent owns, grown (replaced) when too small."""
 
     def __init__(self) -> None:
         self.shm: SharedMemory | None = None
 
-    def reserve(self, nbytes: int) -> SharedMemory:
+    def reserve(self, nbytes: int) -> SharedMemory | None:
+        """A block of at least ``nbytes``; None when ``/dev/shm`` has no room for it (a
+        container's default is 64 MB, and writing past it is SIGBUS): then the pipes."""
         if self.shm is None or self.shm.size < nbytes:
             self.close()
-            self.shm = SharedMemory(create=True, size=max(_aligned(nbytes), 1 << 20))
+            size = max(_aligned(nbytes), 1 << 20)
+            if size > _shm_free_bytes() // 2:
+                return None
+            self.shm = SharedMemory(create=True, size=size)
         return self.shm
 
     def close(self) -> None:
@@ -199,6 +213,8 @@ class SharedPool:
         for key, a in distinct.items():
             offsets[key], total = total, total + _aligned(a.nbytes)
         shm = self.inputs.reserve(total)
+        if shm is None:
+            return list(calls), None
         refs = {}
         for key, a in distinct.items():
             ref = _Ref("in", offsets[key], a.shape, a.dtype.str)
@@ -216,6 +232,7 @@ class SharedPool:
             return []
         shared, in_name = self._share_inputs(calls)
         out = self.outputs.reserve(self.slot_bytes * len(calls))
+        out_name = out.name if out is not None else None
         batches = balance(list(costs) if costs is not None else [1.0] * len(calls), self.workers)
         futures: list[Future[list[Any]]] = [
             self.executor.submit(
@@ -223,7 +240,7 @@ class SharedPool:
                 method,
                 [shared[i] for i in b],
                 in_name,
-                out.name,
+                out_name,
                 [(i * self.slot_bytes, self.slot_bytes) for i in b],
             )
             for b in batches
@@ -231,8 +248,12 @@ class SharedPool:
         results: list[Any] = [None] * len(calls)
         for b, future in zip(batches, futures, strict=True):
             for i, r in zip(b, future.result(), strict=True):
-                results[i] = _swap(r, _Ref, lambda ref: _view(out, ref).copy())  # the block is reused next map
+                results[i] = _swap(r, _Ref, self._copy_out)
         return results
+
+    def _copy_out(self, ref: _Ref) -> np.ndarray:
+        assert self.outputs.shm is not None
+        return _view(self.outputs.shm, ref).copy()  # the block is reused by the next map
 
     def close(self) -> None:
         self.executor.shutdown(cancel_futures=True)

@@ -77,3 +77,18 @@ def test_the_pool_returns_large_arrays_through_shared_memory_and_small_ones_by_p
         np.testing.assert_array_equal(doubled, a * 2)
         np.testing.assert_array_equal(head, a[:3])
     np.testing.assert_array_equal(again[0][1], big * 6)
+
+
+def test_without_room_in_dev_shm_the_pool_falls_back_to_the_pipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.simulation import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_shm_free_bytes", lambda: 0)  # as in a container with a 64 MB /dev/shm
+    big = np.arange(SHARE_MIN_BYTES, dtype=np.float32)
+    pool = SharedPool(2, _Echo, slot_bytes=big.nbytes)
+    try:
+        out = pool.map("twice", [(big, "a"), (big + 1, "b")])
+        assert pool.inputs.shm is None and pool.outputs.shm is None
+    finally:
+        pool.close()
+
+    np.testing.assert_array_equal(out[1][1], (big + 1) * 2)
