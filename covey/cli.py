@@ -61,10 +61,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_strategies(args: argparse.Namespace) -> int:
-    from server.strategies import STRATEGIES, strategy_parameters
+    from server.strategies import strategy_class, strategy_names, strategy_parameters
 
-    for name, cls in sorted(STRATEGIES.items()):
-        print(f"{name:14s} {cls.summary}")
+    for name in strategy_names():
+        print(f"{name:14s} {strategy_class(name).summary}")
         params = sorted(strategy_parameters(name) - {"train"})
         if params:
             print(f"{'':14s}   --set: {', '.join(params)}")

@@ -53,7 +53,8 @@ def class_counts(labels: np.ndarray, n_classes: int) -> np.ndarray:
     return np.bincount(labels.astype(np.int64), minlength=n_classes).astype(np.int64)
 
 
-def _leaf_files(path: Path) -> list[Path]:
+def leaf_files(path: Path) -> list[Path]:
+    """The LEAF JSON files :func:`read_leaf` reads for ``path`` (a file, or a folder's sorted ``*.json``)."""
     if path.is_file():
         return [path]
     if path.is_dir():
@@ -91,7 +92,7 @@ def read_leaf(path: Path | str) -> dict[str, Dataset]:
     """
     path = Path(path)
     users: dict[str, list[Dataset]] = {}
-    for file in _leaf_files(path):
+    for file in leaf_files(path):
         try:
             raw = json.loads(file.read_text())
         except json.JSONDecodeError as exc:

@@ -24,9 +24,12 @@ def femnist_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """``$COVEY_CACHE_DIR`` or ``~/.cache/covey``."""
+    """``$COVEY_CACHE_DIR``, else ``$XDG_CACHE_HOME/covey``, else ``~/.cache/covey``."""
     configured = os.environ.get("COVEY_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "covey"
+    if configured:
+        return Path(configured)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache") / "covey"
 
 
 def models_source_hash() -> str:

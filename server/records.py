@@ -119,12 +119,10 @@ def write_run(
 
 def plot_runs(runs: Mapping[str, Sequence[Sequence[RoundRecord]]], path: Path, title: str = "") -> None:
     """Accuracy and loss against rounds; several seeds of a run show mean and spread."""
-    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no GUI backend, no global figure state
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig = Figure(figsize=(11, 4))
+    axes = fig.subplots(1, 2)
     acc_label = "accuracy (%)"
     for label, seeds in runs.items():
         name, _ = headline(seeds[0])
@@ -150,5 +148,4 @@ def plot_runs(runs: Mapping[str, Sequence[Sequence[RoundRecord]]], path: Path, t
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=110, format="png")
-    plt.close(fig)
     atomic_write(path, buffer.getvalue())

@@ -46,12 +46,9 @@ TRAIN_KEYS = {"epochs": "epochs", "batch": "batch_size", "lr": "lr", "mu": "mu"}
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    from server.strategies import STRATEGIES, strategy_names
+    from server.strategies import strategy_class as lookup
 
-    try:
-        return STRATEGIES[name]
-    except KeyError:
-        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(strategy_names())}") from None
+    return lookup(name)
 
 
 def resolve_training(name: str, given: Mapping[str, Setting]) -> tuple[TrainConfig, dict[str, Setting]]:

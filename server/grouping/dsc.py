@@ -33,8 +33,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-from sklearn.cluster import AffinityPropagation
-from sklearn.exceptions import ConvergenceWarning
 
 from server.errors import GroupingError
 from server.grouping._checks import RandomState, as_generator, check_counts, check_square
@@ -80,6 +78,9 @@ def affinity_propagation(
     off = similarity[~np.eye(n, dtype=bool)]
     if n == 1 or np.ptp(off) == 0:  # nothing to tell the clients apart: one group
         return np.zeros(n, np.int64)
+    from sklearn.cluster import AffinityPropagation  # here: scikit-learn takes seconds to import
+    from sklearn.exceptions import ConvergenceWarning
+
     ap = AffinityPropagation(
         affinity="precomputed",
         preference=preference,

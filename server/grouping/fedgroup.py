@@ -28,9 +28,6 @@ cold-start update direction (the unweighted mean of its members' updates).
 from __future__ import annotations
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
-from scipy.spatial.distance import squareform
-from sklearn.cluster import KMeans
 
 from server.errors import GroupingError
 from server.grouping._checks import RandomState, as_generator, check_matrix, check_n_groups
@@ -115,12 +112,17 @@ def cold_start_groups(
         dist = madc_matrix(cosine)
         if k == 1:
             return np.zeros(n, np.int64)
+        from scipy.cluster.hierarchy import fcluster, linkage  # here: SciPy is slow to import
+        from scipy.spatial.distance import squareform
+
         tree = linkage(squareform(dist, checks=False), method="complete")
         return (fcluster(tree, t=k, criterion="maxclust") - 1).astype(np.int64)
     embedding = decomposed_cosine(updates, k, gram)
     if measure == "edc_matrix":
         labels, _, _ = kmedoids(edc_matrix(embedding), k, random_state=rng)
         return labels
+    from sklearn.cluster import KMeans  # here: scikit-learn takes seconds to import
+
     km = KMeans(n_clusters=k, init="k-means++", n_init=10, max_iter=300, random_state=int(rng.integers(2**31 - 1)))
     return km.fit_predict(embedding).astype(np.int64)
 

@@ -26,7 +26,6 @@ positions as well.
 from __future__ import annotations
 
 import numpy as np
-from scipy.stats import wasserstein_distance
 
 from server.errors import GroupingError
 
@@ -59,6 +58,8 @@ def label_w1(old_counts: np.ndarray, new_counts: np.ndarray) -> float:
     old, new = _pair(old_counts, new_counts)
     if old.sum() == 0 or new.sum() == 0:
         return 0.0 if old.sum() == new.sum() else float("inf")
+    from scipy.stats import wasserstein_distance  # here: scipy.stats is slow to import
+
     pos = np.arange(len(old), dtype=np.float64)
     return float(wasserstein_distance(pos, pos, u_weights=old, v_weights=new))
 

@@ -45,8 +45,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
-from ortools.graph.python import min_cost_flow
-from scipy.optimize import linear_sum_assignment
 
 from server.errors import GroupingError
 from server.grouping._checks import RandomState, as_generator, check_counts
@@ -106,6 +104,8 @@ def _solve_flow(cost: np.ndarray, size: int, candidates: np.ndarray | None) -> n
         heads = candidates.reshape(-1).astype(np.int32)
     arc_cost = cost[tails, heads]
     scale = COST_RESOLUTION / max(float(arc_cost.max()), 1e-12)
+    from ortools.graph.python import min_cost_flow  # here: OR-Tools is slow to import
+
     flow = min_cost_flow.SimpleMinCostFlow()
     arcs = flow.add_arcs_with_capacity_and_unit_cost(
         tails, heads + n, np.ones(len(tails), np.int64), np.rint(arc_cost * scale).astype(np.int64)
@@ -277,6 +277,8 @@ def _balanced_draw(members: np.ndarray, counts: np.ndarray, rng: np.random.Gener
     target = counts.sum(0) / max(float(counts.sum()), 1e-12)
     tt = float(target @ target)
     sums = counts[members].sum(0)  # groups x classes
+    from scipy.optimize import linear_sum_assignment  # here: SciPy is slow to import
+
     out = members.copy()
     for c in rng.permutation(len(out)):
         x = counts[out[c]]  # members x classes

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from device.data import Dataset, read_leaf
+from device.data import Dataset, leaf_files, read_leaf
 from device.errors import ConfigError, DataError
+from server.simulation.data_cache import CacheOutcome, load_or_build
 
 
 @dataclass
@@ -83,17 +84,47 @@ def synthetic(
 
 # -- LEAF -----------------------------------------------------------------------------------
 def leaf(root: Path | str) -> Federation:
-    """A LEAF download (``root/train`` and ``root/test``), one client per user."""
+    """A LEAF download (``root/train`` and ``root/test``), one client per user (parsed
+    once, then read from the data cache while the files are unchanged)."""
+    return leaf_with_cache(root)[0]
+
+
+def leaf_with_cache(root: Path | str) -> tuple[Federation, CacheOutcome]:
+    """:func:`leaf`, reading the parsed arrays from the data cache when the JSON files
+    and the code that parses them are unchanged (:mod:`server.simulation.data_cache`),
+    and whether it did."""
     root = Path(root)
     if not root.exists():
         raise ConfigError(f"LEAF folder {root} does not exist; give a folder holding train/ and test/")
     if not (root / "train").is_dir() or not (root / "test").is_dir():
         raise ConfigError(f"{root} must hold train/ and test/ folders of LEAF JSON files")
+    parser = [Path(read_leaf.__code__.co_filename), Path(__file__)]  # a change to the parsing code re-parses
+    files = leaf_files(root / "train") + leaf_files(root / "test")
+    arrays, outcome = load_or_build("leaf", root, parser + files, lambda: _parse_leaf(root))
+    return _unpack(arrays), outcome
+
+
+def _parse_leaf(root: Path) -> dict[str, np.ndarray]:
+    """The folder's users and their train and test arrays, flat for ``np.savez``."""
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
     missing = sorted(set(train) ^ set(test))
     if missing:
         raise DataError(f"{root}: users {missing[:5]} appear in only one of train/ and test/")
-    return {u: ClientData(train[u], test[u]) for u in train}
+    arrays = {"users": np.array(list(train), dtype=np.str_)}
+    for i, u in enumerate(train):
+        for part, data in (("train", train[u]), ("test", test[u])):
+            arrays[f"{part}_x_{i}"], arrays[f"{part}_y_{i}"] = data.x, data.y
+    return arrays
+
+
+def _unpack(arrays: Mapping[str, np.ndarray]) -> Federation:
+    return {
+        str(u): ClientData(
+            Dataset(arrays[f"train_x_{i}"], arrays[f"train_y_{i}"]),
+            Dataset(arrays[f"test_x_{i}"], arrays[f"test_y_{i}"]),
+        )
+        for i, u in enumerate(arrays["users"])
+    }
 
 
 # -- MNIST ------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 each work unit (one chain, one parallel member, one pre-training, one evaluation)
 with :class:`Trainer`, which calls the same device code a board runs. Work units go
 to a pool of worker processes when ``workers > 1`` (fork: the data are shared
-copy-on-write); results do not depend on the number of workers. :class:`Simulation`
+copy-on-write; one batch of units per worker and map, weights through shared memory:
+:mod:`server.simulation.pool`); results do not depend on the number of workers. :class:`Simulation`
 is the driver and this backend together.
 
 Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
@@ -19,9 +20,7 @@ frames that carried them (``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up``
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing as mp
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,25 +43,14 @@ from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, 
 from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.faults import Faults
+from server.simulation.pool import SharedPool, balance
 from server.simulation.trainer import ChainOutcome, Trainer
 from server.simulation.wire import frame_bytes
 from server.strategies.base import ClientInfo, GroupResult, MemberResult, RoundPlan, Strategy
 
 SHIFT_STREAM = 0x5817  # the distribution shift draws from its own stream, never the strategy's
 
-# -- worker side -------------------------------------------------------------------------------
-
-_WORKER: Trainer | None = None
-
-
-def _init_worker(model_path: str, data: Mapping[str, ClientData], faults: Faults) -> None:
-    global _WORKER
-    _WORKER = Trainer(model_path, data, threads=1, faults=faults)
-
-
-def _call(method: str, *args: Any) -> Any:
-    assert _WORKER is not None
-    return getattr(_WORKER, method)(*args)
+# -- where work units run ----------------------------------------------------------------------
 
 
 class _Local:
@@ -71,25 +59,16 @@ class _Local:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
 
-    def map(self, method: str, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
+    def map(self, method: str, calls: Sequence[tuple[Any, ...]], costs: Sequence[float] | None = None) -> list[Any]:
         return [getattr(self.trainer, method)(*a) for a in calls]
 
     def close(self) -> None:
         pass
 
 
-class _Pool:
-    def __init__(self, workers: int, model_path: str, data: Mapping[str, ClientData], faults: Faults) -> None:
-        self.executor = ProcessPoolExecutor(
-            workers, mp_context=mp.get_context("fork"), initializer=_init_worker, initargs=(model_path, data, faults)
-        )
-
-    def map(self, method: str, calls: Iterable[tuple[Any, ...]]) -> list[Any]:
-        futures: list[Future[Any]] = [self.executor.submit(_call, method, *a) for a in calls]
-        return [f.result() for f in futures]
-
-    def close(self) -> None:
-        self.executor.shutdown(cancel_futures=True)
+def _pool(workers: int, model_path: str, data: Mapping[str, ClientData], faults: Faults, n_params: int) -> SharedPool:
+    """Forked workers, each with its own interpreter over the data (shared copy-on-write)."""
+    return SharedPool(workers, lambda: Trainer(model_path, data, threads=1, faults=faults), slot_bytes=4 * n_params)
 
 
 # -- the backend -------------------------------------------------------------------------------
@@ -138,13 +117,18 @@ class VirtualDevices:
                 if len(part):
                     self.local.model.check_data(part.x, part.y)  # clear error if the model does not fit
         self.workers = workers
-        self.pool: _Local | _Pool = (
-            _Pool(workers, self.model_path, federation, self.faults) if workers > 1 else _Local(self.local)
-        )
+        self.n_params = self.local.model.n_params
+        self.pool: _Local | SharedPool = self._new_pool() if workers > 1 else _Local(self.local)
         self._snr, self._distance = snr_db, distance
         self.shift = shift
         self.shift_rng = np.random.default_rng([int(seed), SHIFT_STREAM])
         self.seen: set[str] = set()
+
+    def _new_pool(self) -> SharedPool:
+        return _pool(self.workers, self.model_path, self.federation, self.faults, self.n_params)
+
+    def _train_size(self, clients: Sequence[str]) -> float:
+        return float(sum(len(self.federation[c].train) for c in clients))
 
     def initial_weights(self) -> np.ndarray:
         return self.local.model.get_weights()
@@ -161,9 +145,9 @@ class VirtualDevices:
         if self.shift is None:
             return {}
         moved = self.shift.apply(self.federation, sorted(self.seen), self.shift_rng)
-        if moved and isinstance(self.pool, _Pool):  # workers hold their own copy of the data
+        if moved and isinstance(self.pool, SharedPool):  # workers hold their own copy of the data
             self.pool.close()
-            self.pool = _Pool(self.workers, self.model_path, self.federation, self.faults)
+            self.pool = self._new_pool()
         return {"shifted_clients": float(len(moved))}
 
     def _answers(self, clients: Sequence[str]) -> list[str]:
@@ -181,9 +165,12 @@ class VirtualDevices:
         chain_out: list[ChainOutcome] = self.pool.map(
             "chain",
             [(received[g.start_model][0], self._answers(g.members), settings, seed, plan.round, down) for g in chains],
+            [self._train_size(self._answers(g.members)) for g in chains],
         )
         member_out: list[MemberResult] = self.pool.map(
-            "parallel", [(received[g.start_model][0], c, settings, seed, plan.round) for g, c in parallel]
+            "parallel",
+            [(received[g.start_model][0], c, settings, seed, plan.round) for g, c in parallel],
+            [self._train_size([c]) for _, c in parallel],
         )
         by_chain = {g.group_id: o for g, o in zip(chains, chain_out, strict=True)}
         by_member = {
@@ -223,7 +210,19 @@ class VirtualDevices:
         return dict(zip(answering, updates, strict=True))
 
     def evaluate(self, jobs: Sequence[EvalJob], *, rnd: int) -> list[dict[str, list[EvalRow]]]:
-        return self.pool.map("evaluate", [(list(j.models), self._answers(j.clients), j.split) for j in jobs])
+        """Each job's clients in up to one part per worker, balanced by sample count."""
+        calls, costs, owner = [], [], []
+        for j, job in enumerate(jobs):
+            clients = self._answers(job.clients)
+            sizes = [float(len(getattr(self.federation[c], job.split))) for c in clients]
+            for part in balance(sizes, self.workers) or [[]]:
+                calls.append((list(job.models), [clients[i] for i in part], job.split))
+                costs.append(sum(sizes[i] for i in part) * len(job.models))
+                owner.append(j)
+        rows: list[dict[str, list[EvalRow]]] = [{} for _ in jobs]
+        for j, part_rows in zip(owner, self.pool.map("evaluate", calls, costs), strict=True):
+            rows[j].update(part_rows)
+        return [{c: r[c] for c in self._answers(job.clients)} for job, r in zip(jobs, rows, strict=True)]
 
     def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
         return {c: class_counts(self.federation[c].train.y, self.n_classes) for c in client_ids}

@@ -19,7 +19,7 @@ import numpy as np
 from device.data import Dataset
 from device.protocol import EvalRow, FrameCodec, LocalTraining, Split, decode, encode_float
 from device.runtime import TFLiteModel
-from device.training import evaluate_locally, pretrain_locally, train_locally
+from device.training import evaluate_loaded, pretrain_locally, train_locally
 from server.simulation.datasets import ClientData
 from server.simulation.faults import Faults
 from server.simulation.wire import frame_bytes
@@ -92,8 +92,15 @@ class Trainer:
         return update if factor is None else (update * np.float32(factor)).astype(np.float32)
 
     def evaluate(self, models: Sequence[np.ndarray], clients: Sequence[str], split: Split) -> dict[str, list[EvalRow]]:
-        """Per client: one row per model, on the client's ``split``."""
-        return {c: evaluate_locally(self.model, getattr(self.data[c], split), models) for c in clients}
+        """Per client: one row per model, on the client's ``split`` (each model loaded
+        once for every client: the rows of :func:`~device.training.evaluate_locally`)."""
+        rows: dict[str, list[EvalRow]] = {c: [] for c in clients}
+        for index, weights in enumerate(models):
+            if any(len(getattr(self.data[c], split)) for c in clients):
+                self.model.set_weights(weights)
+            for c in clients:
+                rows[c].append(evaluate_loaded(self.model, getattr(self.data[c], split), index))
+        return rows
 
 
 def default_workers() -> int:

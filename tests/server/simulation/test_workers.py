@@ -1,0 +1,94 @@
+"""Worker processes: batched calls, weights through shared memory, results bit for bit
+those of one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from server.simulation.datasets import Federation, leaf
+from server.simulation.engine import Simulation
+from server.simulation.pool import SHARE_MIN_BYTES, SharedPool, balance
+from server.strategies import make_strategy
+from server.strategies.base import TrainConfig
+
+TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.05)
+SETTINGS: dict[str, dict[str, Any]] = {
+    "fedavg": {"clients_per_round": 6},  # parallel members, each returning its weights
+    "fedgsp": {"beta": 2, "kappa": 1.0},  # chains
+    "fedgroup": {"n_groups": 2, "clients_per_round": 6, "alpha": 3, "pretrain_steps": 3},  # pre-training
+}
+
+
+@pytest.fixture(scope="module")
+def writers() -> Federation:
+    from covey.paths import femnist_dir
+
+    fed = leaf(femnist_dir())
+    return {c: fed[c] for c in sorted(fed)[:12]}
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_two_workers_give_bit_identical_results_to_one(name: str, writers: Federation, zoo_model) -> None:
+    model = zoo_model("mlp_femnist")  # 1.7 MB of weights: the shared-memory path, not the pipe
+
+    def run(workers: int) -> tuple[list[tuple[float, ...]], list[np.ndarray]]:
+        strategy = make_strategy(name, train=TRAIN, **SETTINGS[name])
+        records = Simulation(strategy, dict(writers), model, seed=3, workers=workers).run(3)
+        rows = [(r.federated_accuracy, r.federated_loss, r.train_loss, float(r.trained)) for r in records]
+        return rows, [strategy.model_for(c) for c in sorted(writers)]
+
+    rows1, models1 = run(1)
+    rows2, models2 = run(2)
+
+    assert rows1 == rows2
+    assert models1[0].nbytes >= SHARE_MIN_BYTES
+    for a, b in zip(models1, models2, strict=True):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_balance_puts_the_largest_first_on_the_lightest_worker() -> None:
+    # 5 -> A, 4 -> B, 3 -> B (7), 2 -> A (7), 1 -> A (the tie goes to the first): loads 8 and 7
+    assert balance([5, 1, 4, 2, 3], 2) == [[0, 1, 3], [2, 4]]
+    assert balance([1.0] * 3, 5) == [[0], [1], [2]]  # no empty batches
+    assert balance([], 2) == []
+
+
+class _Echo:
+    def twice(self, a: np.ndarray, tag: str) -> tuple[str, np.ndarray, np.ndarray]:
+        return tag, a * 2, a[:3].copy()
+
+
+def test_the_pool_returns_large_arrays_through_shared_memory_and_small_ones_by_pipe() -> None:
+    big = np.arange(SHARE_MIN_BYTES, dtype=np.float32)  # 4x the threshold
+    other = big[::-1].copy()
+    pool = SharedPool(2, _Echo, slot_bytes=big.nbytes)
+    try:
+        calls = [(big, "a"), (other, "b"), (big, "c")]
+        out = pool.map("twice", calls, [1.0, 2.0, 3.0])
+        again = pool.map("twice", [(big * 3, "d")])  # the blocks are reused for the next map
+    finally:
+        pool.close()
+
+    assert [o[0] for o in out] == ["a", "b", "c"]
+    for (a, _), (_, doubled, head) in zip(calls, out, strict=True):
+        np.testing.assert_array_equal(doubled, a * 2)
+        np.testing.assert_array_equal(head, a[:3])
+    np.testing.assert_array_equal(again[0][1], big * 6)
+
+
+def test_without_room_in_dev_shm_the_pool_falls_back_to_the_pipes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.simulation import pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_shm_free_bytes", lambda: 0)  # as in a container with a 64 MB /dev/shm
+    big = np.arange(SHARE_MIN_BYTES, dtype=np.float32)
+    pool = SharedPool(2, _Echo, slot_bytes=big.nbytes)
+    try:
+        out = pool.map("twice", [(big, "a"), (big + 1, "b")])
+        assert pool.inputs.shm is None and pool.outputs.shm is None
+    finally:
+        pool.close()
+
+    np.testing.assert_array_equal(out[1][1], (big + 1) * 2)
