@@ -9,11 +9,13 @@ is the driver and this backend together.
 
 Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
 the same choice the coordinator's group managers make): start models in the downlink
-codec, parallel outputs in the upload codec (``int8``: a delta against the start model
-as received, with each device's error feedback, added to the float32 start model),
-chain hand-offs in the downlink codec. Each round's record holds the bytes of the
-frames that carried them (``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in
-``extra``; :mod:`server.simulation.wire`).
+codec (``int8``: a delta against the model the device holds when the server knows it,
+``server/downlink.py``, with the same bookkeeping as the coordinator), parallel outputs
+in the upload codec (``int8``: a delta against the start model as received, with each
+device's error feedback, added to the float32 start model), chain hand-offs in the
+downlink codec. Each round's record holds the bytes of the frames that carried them
+(``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in ``extra``;
+:mod:`server.simulation.wire`).
 """
 
 from __future__ import annotations
