@@ -114,6 +114,7 @@ class GroupManager:
         if bases is not None:  # int8 deltas against this start model decode with the float32 original
             bases[payload_key(self.start_payload)] = start_weights
         self.downlinks = downlinks
+        self.delta_members: frozenset[str] = frozenset()
         self.shared = shared
         self.shared_key: str | None = None
         self.members = [
@@ -135,9 +136,10 @@ class GroupManager:
             return DeviceHop(successor.device, successor.task_id)
         return ManagerHop(self.plan.group_id)
 
-    def _delta_for(self, member: _Member) -> bool:
-        """Whether ``member``'s start model goes as a delta (it holds a model we know)."""
-        return self.downlinks is not None and self.downlinks.base_of(member.device) is not None
+    def _own_frame(self, member: _Member) -> bool:
+        """Whether ``member`` gets its start model by its own frame rather than the shared
+        broadcast: it held a model the server knows when the round started (a delta)."""
+        return member.device in self.delta_members
 
     def _send_request(self, member: _Member, index: int) -> None:
         direct = self.plan.mode == "chain" and self.handoff == "direct"
@@ -151,7 +153,7 @@ class GroupManager:
             next=self._next_hop(index),
             train=self.train.to_wire(),
             seed=self.seed,
-            shared=(self.shared_key,) if self.shared_key is not None and not self._delta_for(member) else (),
+            shared=(self.shared_key,) if self.shared_key is not None and not self._own_frame(member) else (),
             codec=self.upload,
         )
         msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
@@ -185,7 +187,9 @@ class GroupManager:
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, now: float) -> None:
-        full = [m for m in self.members if not self._delta_for(m)]
+        if self.downlinks is not None:  # decided once: a later encode may evict a member's base
+            self.delta_members = frozenset(m.device for m in self.members if self.downlinks.base_of(m.device))
+        full = [m for m in self.members if not self._own_frame(m)]
         broadcast = self.plan.mode == "parallel" and self.shared is not None and len(full) > 1
         if broadcast:
             assert self.shared is not None
@@ -204,7 +208,7 @@ class GroupManager:
             self._send_model(self.start_weights, self.members[0], 0)
         else:
             for i, m in enumerate(self.members):
-                if not broadcast or self._delta_for(m):
+                if not broadcast or self._own_frame(m):
                     self._send_model(self.start_weights, m, i)
                 elif self.downlinks is not None:  # the device will hold the broadcast model
                     self.downlinks.sent(m.device, m.task_id, self.downlinks.encode(m.device, self.start_weights).key)
@@ -222,7 +226,7 @@ class GroupManager:
                 self._send_request(m, i)
         if self.plan.mode == "parallel":
             for i, m in enumerate(self.members):
-                if (self.shared_key is None or self._delta_for(m)) and m.weights is None and not m.skipped:
+                if (self.shared_key is None or self._own_frame(m)) and m.weights is None and not m.skipped:
                     self._send_model(self.start_weights, m, i)
         elif self.current < len(self.members):
             nxt = self.members[self.current]
