@@ -100,3 +100,49 @@ def test_a_delta_against_a_model_the_device_does_not_hold_is_refused_with_the_re
     assert delta.codec in DELTA_CODECS
     with pytest.raises(ProtocolError, match="does not hold"):
         _deliver(WaitingTasks(), delta, "t2")  # a restarted device holds nothing
+
+
+def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broadcast_to_the_others() -> None:
+    from device.protocol import Topics, TrainResult, decode_message, parse_frame
+    from server.coordinator.manager import GroupManager
+    from server.coordinator.shared import SharedModels
+    from server.strategies.base import GroupPlan, TrainConfig
+
+    sent: list[tuple[str, bytes]] = []
+    topics = Topics("r")
+    downlinks = DownlinkModels("fp16", deltas=True)
+    bases: dict[str, np.ndarray] = {}
+
+    def manager(rnd: int, weights: np.ndarray) -> GroupManager:
+        return GroupManager(
+            GroupPlan(0, ("dev1", "dev2", "dev3"), "parallel", "m"),
+            rnd,
+            weights,
+            TrainConfig(),
+            topics=topics,
+            publish=lambda topic, data, retain: sent.append((topic, data)),
+            handoff="relay",
+            deadline_s=60.0,
+            seed=0,
+            max_chunk=1 << 20,
+            task_prefix="t",
+            shared=SharedModels(topics, lambda topic, data, retain: sent.append((topic, data)), 1 << 20, "e"),
+            codec="int8",
+            bases=bases,
+            downlinks=downlinks,
+        )
+
+    first = manager(1, _model(0))
+    first.start(0.0)
+    assert not [t for t, _ in sent if t == topics.frames("dev1")]  # round 1: the shared broadcast only
+    first.on_result("dev1", TrainResult(first.members[0].task_id, 10, 0.5, 1, 0, 0, ()), 1.0)  # only dev1 answers
+    sent.clear()
+    second = manager(2, _model(1))
+    second.start(2.0)
+    (frame,) = [data for t, data in sent if t == topics.frames("dev1")]
+    header = parse_frame(frame)[0]
+    assert header.codec in DELTA_CODECS and header.base is not None  # a delta against what dev1 holds
+    assert bases[header.sha256] is second.start_weights  # dev1's output decodes against the float32 original
+    bodies = [decode_message(data).body for t, data in sent if t in (topics.inbox("dev1"), topics.inbox("dev2"))]
+    requests = [b for b in bodies if isinstance(b, TrainRequest)]
+    assert [r.shared for r in requests] == [(), (second.shared_key,)]  # dev2 is not known: the broadcast
