@@ -67,8 +67,9 @@ BLOCK = 256  # values per int8 block: 8 bytes of scale and offset per 256 bytes 
 
 
 def downlink_codec(wire: WireCodec) -> FrameCodec:
-    """How the server sends start models in a run with codec ``wire``: full models,
-    in float16 for ``fp16`` and ``int8`` runs (a delta needs a base the device holds)."""
+    """How the server sends full models in a run with codec ``wire``: float16 for
+    ``fp16`` and ``int8`` runs. In ``int8`` runs a start model goes as a delta instead
+    when the server knows what the device holds (``server/downlink.py``)."""
     return "raw" if wire == "fp32" else "fp16"
 
 
