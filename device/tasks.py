@@ -22,6 +22,7 @@ import numpy as np
 from device.data import Dataset, class_counts
 from device.errors import ProtocolError
 from device.protocol import (
+    DELTA_CODECS,
     DeviceHop,
     ErrorFeedback,
     EvaluateRequest,
@@ -95,7 +96,7 @@ class TaskRunner:
         self.state.finished(request.task_id)
         delivered = time.perf_counter()
         encoded, codec = encode_output(out.weights, weights, request.codec, self.feedback)
-        base = key if codec == "int8" else None
+        base = key if codec in DELTA_CODECS else None
         self.deliver(encoded, request.task_id, rnd, request.group, request.position, request.next, codec, base)
         result = TrainResult(
             task_id=request.task_id,

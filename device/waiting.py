@@ -46,8 +46,13 @@ class _Task:
 
 
 class WaitingTasks:
+    """Waiting requests, and the last model the server sent for a training task (the
+    base of the server's next ``int8`` downlink delta, ``server/downlink.py``): kept by
+    reference, it is the start model the device trains from, not an extra copy."""
+
     def __init__(self) -> None:
         self._tasks: dict[str, _Task] = {}
+        self.held: dict[str, np.ndarray] = {}  # at most one: payload sha256 -> model
 
     def __contains__(self, task_id: str) -> bool:
         return task_id in self._tasks
@@ -92,7 +97,7 @@ class WaitingTasks:
             allowed = {SERVER_ID, request.predecessor} if isinstance(request, TrainRequest) else {SERVER_ID}
             if h.sender not in allowed:
                 raise ProtocolError(f"model from {h.sender!r}, expected one of {sorted(allowed)}")
-            weights = check_weights(payload, n_params)
+            weights = check_weights(payload, n_params, self.held)
             if isinstance(request, EvaluateRequest):
                 if index >= request.n_models:
                     raise ProtocolError(f"model index {index} of an evaluate request for {request.n_models} models")
@@ -102,5 +107,7 @@ class WaitingTasks:
                     ready.append(Ready(request, task.round, models=task.models))
                 continue
             del self._tasks[task_id]
+            if isinstance(request, TrainRequest) and h.sender == SERVER_ID:
+                self.held = {h.sha256: weights}
             ready.append(Ready(request, task.round, weights=weights, key=h.sha256))
         return ready

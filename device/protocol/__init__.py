@@ -15,6 +15,7 @@ little-endian tensor bytes behind a checked header.
 """
 
 from device.protocol.codecs import (
+    DELTA_CODECS,
     FRAME_CODECS,
     WIRE_CODECS,
     ErrorFeedback,
@@ -83,6 +84,7 @@ from device.protocol.topics import SERVER_ID, Topics, check_id
 __all__ = [
     "BODY_TYPES",
     "DEFAULT_MAX_CHUNK",
+    "DELTA_CODECS",
     "DTYPES",
     "FRAME_CODECS",
     "FRAME_KINDS",

@@ -54,6 +54,7 @@ from device.protocol import (
     WireCodec,
     check_weights,
     decode_message,
+    downlink_codec,
     send_model,
 )
 from device.runtime import TFLiteModel
@@ -64,6 +65,7 @@ from server.coordinator.persistence import Persistence
 from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
+from server.downlink import DownlinkModels
 from server.links import DEFAULT_BANDWIDTH_HZ, LinkBook, LinkMatrices
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.screening import ScreeningConfig
@@ -145,6 +147,8 @@ class Coordinator(Persistence):
         self.round = 0
         model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
         self.bases: dict[str, np.ndarray] = {}  # this round's start models, by the sha256 of their payload
+        # int8 runs: what each device holds, for downlink deltas (server/downlink.py)
+        self.downlinks = DownlinkModels(downlink_codec(config.codec), deltas=True) if config.codec == "int8" else None
         self._frames = Reassembler(
             max_bytes=model_bytes,
             max_pending_bytes=config.max_pending_mb * 2**20,

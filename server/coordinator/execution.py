@@ -81,6 +81,7 @@ class RoundExecution:
                     shared=self.shared,
                     codec=c.cfg.codec,
                     bases=c.bases,
+                    downlinks=c.downlinks,
                 )
                 for d in g.members:
                     msg = Message.of(Assignment(g.group_id), run=c.cfg.run, sender=SERVER_ID, round=plan.round)

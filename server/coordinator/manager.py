@@ -27,6 +27,9 @@ for their output in the upload codec: an ``int8`` parallel member sends a delta
 against the start model it received, which the coordinator adds to its own float32
 start model (``bases``: payload sha256 -> model), so the float16 rounding of the
 downlink never reaches the aggregate. Chain hand-offs travel in the downlink codec.
+In an ``int8`` run a start model goes to a device as a delta against the model it
+holds when the coordinator knows it (``server/downlink.py``, ``downlinks``): then by
+its own frame, not the shared broadcast.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ from device.protocol import (
     upload_codec,
 )
 from server.coordinator.shared import SharedModels
+from server.downlink import DownlinkModels
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
 
 log = logging.getLogger("covey.server")
@@ -95,6 +99,7 @@ class GroupManager:
         shared: SharedModels | None = None,
         codec: WireCodec = "fp32",
         bases: dict[str, np.ndarray] | None = None,
+        downlinks: DownlinkModels | None = None,
     ) -> None:
         self.plan, self.round, self.topics, self.publish = plan, round_, topics, publish
         self.handoff: Handoff = handoff if plan.mode == "chain" else "relay"
@@ -105,8 +110,11 @@ class GroupManager:
         # a chain's hand-offs go as full models; a parallel member's output in the run's codec
         self.upload = upload_codec(codec) if plan.mode == "parallel" else self.downlink
         self.start_payload = encode_float(start_weights, self.downlink)
+        self.bases = bases
         if bases is not None:  # int8 deltas against this start model decode with the float32 original
             bases[payload_key(self.start_payload)] = start_weights
+        self.downlinks = downlinks
+        self.delta_members: frozenset[str] = frozenset()
         self.shared = shared
         self.shared_key: str | None = None
         self.members = [
@@ -128,6 +136,11 @@ class GroupManager:
             return DeviceHop(successor.device, successor.task_id)
         return ManagerHop(self.plan.group_id)
 
+    def _own_frame(self, member: _Member) -> bool:
+        """Whether ``member`` gets its start model by its own frame rather than the shared
+        broadcast: it held a model the server knows when the round started (a delta)."""
+        return member.device in self.delta_members
+
     def _send_request(self, member: _Member, index: int) -> None:
         direct = self.plan.mode == "chain" and self.handoff == "direct"
         predecessor = self.members[index - 1].device if direct and index > 0 else SERVER_ID
@@ -140,14 +153,23 @@ class GroupManager:
             next=self._next_hop(index),
             train=self.train.to_wire(),
             seed=self.seed,
-            shared=(self.shared_key,) if self.shared_key is not None else (),
+            shared=(self.shared_key,) if self.shared_key is not None and not self._own_frame(member) else (),
             codec=self.upload,
         )
         msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
         self.publish(self.topics.inbox(member.device), msg.encode(), False)
 
     def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
-        payload = self.start_payload if weights is self.start_weights else encode_float(weights, self.downlink)
+        codec, base = self.downlink, None
+        if weights is self.start_weights and self.downlinks is not None:
+            down = self.downlinks.encode(member.device, weights)
+            payload, codec, base = down.payload, down.codec, down.base
+            if self.bases is not None:  # its output's delta decodes against the float32 original
+                self.bases[down.key] = self.start_weights
+        else:
+            payload = self.start_payload if weights is self.start_weights else encode_float(weights, self.downlink)
+        if self.downlinks is not None:
+            self.downlinks.sent(member.device, member.task_id, payload_key(payload))
         send_model(
             self.publish,
             self.topics.frames(member.device),
@@ -159,12 +181,16 @@ class GroupManager:
             sender=SERVER_ID,
             max_chunk=self.max_chunk,
             extra=FrameExtra(member.task_id, position=position),
-            codec=self.downlink,
+            codec=codec,
+            base=base,
         )
 
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, now: float) -> None:
-        broadcast = self.plan.mode == "parallel" and self.shared is not None and len(self.members) > 1
+        if self.downlinks is not None:  # decided once: a later encode may evict a member's base
+            self.delta_members = frozenset(m.device for m in self.members if self.downlinks.base_of(m.device))
+        full = [m for m in self.members if not self._own_frame(m)]
+        broadcast = self.plan.mode == "parallel" and self.shared is not None and len(full) > 1
         if broadcast:
             assert self.shared is not None
             # published before the requests, retained: a member that subscribes on its
@@ -180,9 +206,12 @@ class GroupManager:
             self._send_request(m, i)
         if self.plan.mode == "chain":
             self._send_model(self.start_weights, self.members[0], 0)
-        elif not broadcast:
+        else:
             for i, m in enumerate(self.members):
-                self._send_model(self.start_weights, m, i)
+                if not broadcast or self._own_frame(m):
+                    self._send_model(self.start_weights, m, i)
+                elif self.downlinks is not None:  # the device will hold the broadcast model
+                    self.downlinks.sent(m.device, m.task_id, self.downlinks.encode(m.device, self.start_weights).key)
         self.deadline = now + self.deadline_s
 
     def resend_outstanding(self, now: float) -> None:
@@ -196,10 +225,9 @@ class GroupManager:
             if not (m.reported or m.skipped):
                 self._send_request(m, i)
         if self.plan.mode == "parallel":
-            if self.shared_key is None:
-                for i, m in enumerate(self.members):
-                    if m.weights is None and not m.skipped:
-                        self._send_model(self.start_weights, m, i)
+            for i, m in enumerate(self.members):
+                if (self.shared_key is None or self._own_frame(m)) and m.weights is None and not m.skipped:
+                    self._send_model(self.start_weights, m, i)
         elif self.current < len(self.members):
             nxt = self.members[self.current]
             if self.handoff == "direct" and self.last_good_index >= 0:
@@ -235,6 +263,8 @@ class GroupManager:
         if member is None or member.reported or member.skipped:
             return False
         member.reported, member.n_samples, member.loss = True, result.n_samples, result.loss
+        if self.downlinks is not None:
+            self.downlinks.confirm(device, member.task_id)
         if self.plan.mode == "chain" and self.handoff == "direct":
             moved = False
             while self.current < len(self.members) and self.members[self.current].reported:

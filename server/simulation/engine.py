@@ -10,11 +10,13 @@ is the driver and this backend together.
 
 Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
 the same choice the coordinator's group managers make): start models in the downlink
-codec, parallel outputs in the upload codec (``int8``: a delta against the start model
-as received, with each device's error feedback, added to the float32 start model),
-chain hand-offs in the downlink codec. Each round's record holds the bytes of the
-frames that carried them (``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in
-``extra``; :mod:`server.simulation.wire`).
+codec (``int8``: a delta against the model the device holds when the server knows it,
+``server/downlink.py``, with the same bookkeeping as the coordinator), parallel outputs
+in the upload codec (``int8``: a delta against the start model as received, with each
+device's error feedback, added to the float32 start model), chain hand-offs in the
+downlink codec. Each round's record holds the bytes of the frames that carried them
+(``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in ``extra``;
+:mod:`server.simulation.wire`).
 """
 
 from __future__ import annotations
@@ -28,17 +30,18 @@ import numpy as np
 
 from device.data import class_counts
 from device.protocol import (
+    DELTA_CODECS,
     ErrorFeedback,
     EvalRow,
     FrameCodec,
     WireCodec,
     decode,
     downlink_codec,
-    encode_float,
     encode_output,
     upload_codec,
 )
 from server.costs import CostModel
+from server.downlink import DownlinkModels
 from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
 from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData, Federation, SwapShift
@@ -106,6 +109,7 @@ class VirtualDevices:
         self.faults = faults or Faults()
         self.codec: WireCodec = codec
         self.feedback: dict[str, ErrorFeedback] = {}  # each device's int8 residual, as a board keeps it
+        self.downlinks = DownlinkModels(downlink_codec(codec), deltas=codec == "int8")  # what each device holds
         self._wire = {"down": 0, "up": 0}
         self.federation = federation
         self.ids = sorted(federation)
@@ -156,25 +160,36 @@ class VirtualDevices:
     def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
         settings = plan.train.to_wire()
         down, up = downlink_codec(self.codec), upload_codec(self.codec)
-        received: dict[str, tuple[np.ndarray, int]] = {}  # start model key -> (as received, frame bytes)
-        for key in {g.start_model for g in plan.groups}:
-            payload = encode_float(plan.models[key], down)
-            received[key] = (decode(payload, down), frame_bytes(payload, down))
-        chains = [g for g in plan.groups if g.mode == "chain"]
+        received = {  # (group, device) -> the start model as that device decodes it
+            (g.group_id, c): self._download(g.group_id, c, plan.models[g.start_model], plan.round)
+            for g in plan.groups
+            for c in self._receivers(g.mode, g.members)
+        }
+        chains = [(g, self._answers(g.members)) for g in plan.groups if g.mode == "chain"]
         parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
         chain_out: list[ChainOutcome] = self.pool.map(
             "chain",
-            [(received[g.start_model][0], self._answers(g.members), settings, seed, plan.round, down) for g in chains],
-            [self._train_size(self._answers(g.members)) for g in chains],
+            [
+                (
+                    received[g.group_id, cs[0]] if cs else plan.models[g.start_model],
+                    cs,
+                    settings,
+                    seed,
+                    plan.round,
+                    down,
+                )
+                for g, cs in chains
+            ],
+            [self._train_size(cs) for _, cs in chains],
         )
         member_out: list[MemberResult] = self.pool.map(
             "parallel",
-            [(received[g.start_model][0], c, settings, seed, plan.round) for g, c in parallel],
+            [(received[g.group_id, c], c, settings, seed, plan.round) for g, c in parallel],
             [self._train_size([c]) for _, c in parallel],
         )
-        by_chain = {g.group_id: o for g, o in zip(chains, chain_out, strict=True)}
+        by_chain = {g.group_id: o for (g, _), o in zip(chains, chain_out, strict=True)}
         by_member = {
-            c: self._upload(o, plan.models[g.start_model], received[g.start_model][0], up)
+            c: self._upload(o, plan.models[g.start_model], received[g.group_id, c], up)
             for (g, c), o in zip(parallel, member_out, strict=True)
         }
         results = []
@@ -182,16 +197,34 @@ class VirtualDevices:
             silent = tuple(c for c in g.members if c in self.faults.unresponsive)  # skipped, as on boards
             if g.mode == "chain":
                 o = by_chain[g.group_id]
-                self._wire["down"] += received[g.start_model][1] if o.members else 0
                 self._wire["up"] += o.wire_bytes
                 results.append(GroupResult(g.group_id, o.members, o.final_weights, silent))
             else:
-                self._wire["down"] += received[g.start_model][1] * sum(c in by_member for c in g.members)
                 results.append(
                     GroupResult(g.group_id, tuple(by_member[c] for c in g.members if c in by_member), None, silent)
                 )
         self.seen.update(plan.participants)
         return results
+
+    def _receivers(self, mode: str, members: Sequence[str]) -> list[str]:
+        """Who the server sends a group's start model to: every parallel member; in a
+        chain the first member, and each silent one's successor (as the manager does)."""
+        if mode == "parallel":
+            return list(members)
+        answering = set(self._answers(members))
+        first = next((i for i, c in enumerate(members) if c in answering), len(members) - 1)
+        return list(members[: first + 1])
+
+    def _download(self, group: int, device: str, weights: np.ndarray, rnd: int) -> np.ndarray:
+        """The start model as ``device`` decodes it (a downlink delta against the model it
+        holds in ``int8`` runs, ``server/downlink.py``); counted on the wire if it answers."""
+        down = self.downlinks.encode(device, weights)
+        task = f"r{rnd}-g{group}"
+        self.downlinks.sent(device, task, down.key)
+        if device not in self.faults.unresponsive:
+            self.downlinks.confirm(device, task)
+            self._wire["down"] += frame_bytes(down.payload, down.codec)
+        return down.received
 
     def _upload(self, member: MemberResult, start: np.ndarray, received: np.ndarray, codec: FrameCodec) -> MemberResult:
         """A parallel member's output as the coordinator decodes it (counted on the wire)."""
@@ -199,7 +232,7 @@ class VirtualDevices:
         feedback = self.feedback.setdefault(member.client_id, ErrorFeedback())
         payload, used = encode_output(member.weights, received, codec, feedback)
         self._wire["up"] += frame_bytes(payload, used)
-        weights = decode(payload, used, start if used == "int8" else None)
+        weights = decode(payload, used, start if used in DELTA_CODECS else None)
         return dataclasses.replace(member, weights=weights)
 
     def pretrain(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from device.protocol import FrameCodec, FrameExtra, encode_frames
+from device.protocol import DELTA_CODECS, FrameCodec, FrameExtra, encode_frames
 
 _BASE = "0" * 64  # a base's sha256 is 64 hex digits whatever it is
 
@@ -27,6 +27,6 @@ def frame_bytes(payload: np.ndarray, codec: FrameCodec) -> int:
         sender="sim-device",
         extra=FrameExtra("sim-task-r1-g0-p0", position=0),
         codec=codec,
-        base=_BASE if codec == "int8" else None,
+        base=_BASE if codec in DELTA_CODECS else None,
     )
     return sum(len(f) for f in frames)

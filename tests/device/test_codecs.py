@@ -9,6 +9,7 @@ import pytest
 from device.errors import ProtocolError
 from device.protocol import (
     ErrorFeedback,
+    FrameExtra,
     Reassembler,
     check_weights,
     decode,
@@ -18,7 +19,7 @@ from device.protocol import (
     parse_frame,
     payload_key,
 )
-from device.protocol.codecs import BLOCK, dequantise, int8_length, quantise
+from device.protocol.codecs import BLOCK, dequantise, int8_length, pack, quantise, unpack
 from tests.device.test_protocol import _rebuild
 
 
@@ -170,3 +171,42 @@ def test_unknown_or_corrupt_codec_fields_are_refused_with_a_reason() -> None:
         dequantise(delta[:270])  # 2 blocks need 16 bytes of scales and offsets and 257 codes at least
     with pytest.raises(ProtocolError, match="unknown codec"):
         decode(delta, "zstd")
+
+
+def test_int8z_deflates_runs_of_equal_codes_losslessly() -> None:
+    start = _weights(5_000)
+    trained = start.copy()
+    trained[:1_000] += _weights(1_000, seed=3) * 0.01  # the rest got no gradient: one code, in runs
+    payload = ErrorFeedback().encode(trained, start)
+    packed, codec = pack(payload)
+    assert codec == "int8z" and packed.size < payload.size / 2
+    assert np.array_equal(unpack(packed, 5_000), payload)
+    assert np.array_equal(decode(packed, "int8z", start), decode(payload, "int8", start))
+    noise = quantise(np.random.default_rng(1).uniform(-1, 1, 5_000).astype(np.float32))
+    assert pack(noise)[1] == "int8"  # codes that do not deflate go as they are
+
+
+def test_corrupt_or_oversized_int8z_payloads_are_refused_never_inflated_beyond_the_model() -> None:
+    import zlib
+
+    start = np.zeros(5_000, np.float32)
+    head = quantise(start)[: 8 * 20]  # 20 blocks of scales and offsets
+    packed, _ = pack(quantise(_weights(5_000) * (np.arange(5_000) < 300)))
+    broken = packed.copy()
+    broken[8 * 20 + 4 :] ^= 0x5A
+    with pytest.raises(ProtocolError, match="corrupt"):
+        decode(broken, "int8z", start)
+    bomb = np.concatenate([head, np.frombuffer(zlib.compress(bytes(1_000_000)), np.uint8)])  # 1 MB of zeros
+    assert bomb.size < int8_length(5_000)  # smaller than an honest payload
+    with pytest.raises(ProtocolError, match="exactly 5000 bytes"):
+        decode(bomb, "int8z", start)
+    short = np.concatenate([head, np.frombuffer(zlib.compress(bytes(4_000)), np.uint8)])
+    with pytest.raises(ProtocolError, match="exactly 5000 bytes"):
+        decode(short, "int8z", start)
+    with pytest.raises(ProtocolError, match="cannot hold"):
+        decode(head, "int8z", start)
+    frame = _one_frame(bomb, codec="int8z", base=payload_key(head), extra=FrameExtra("t1"))
+    big = Reassembler().add(frame)
+    assert big is not None
+    with pytest.raises(ProtocolError, match="exactly 5000 bytes"):
+        check_weights(big, 5_000, {payload_key(head): start})

@@ -59,8 +59,8 @@ def test_simulation_and_boards_give_the_same_models(broker, tmp_path, case: str)
 
 def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(broker, tmp_path) -> None:
     """FedAvg with ``--codec int8`` completes over MQTT, matches the simulator running the
-    same codec code, moves about 4x fewer upload bytes than float32 and its accuracy
-    stays close to float32's."""
+    same codec code (downlink deltas included), moves about 4x fewer upload bytes than
+    float32 and its accuracy stays close to float32's."""
     from covey.paths import ensure_model
 
     # Prepare
@@ -88,6 +88,8 @@ def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(b
     assert abs(result.mqtt[-1].federated_accuracy - fp32[-1].federated_accuracy) <= 0.02
     assert fp32[-1].extra["wire_bytes_up"] / result.sim[-1].extra["wire_bytes_up"] >= 3.8
     assert fp32[-1].extra["wire_bytes_down"] / result.sim[-1].extra["wire_bytes_down"] >= 1.9
+    # by the last round every device answered before: start models go as deltas (server/downlink.py)
+    assert fp32[-1].extra["wire_bytes_down"] / result.sim[-1].extra["wire_bytes_down"] >= 3.5
 
 
 def _simulated(make, model, *, rounds: int) -> list[RoundRecord]:  # type: ignore[no-untyped-def]

@@ -1,0 +1,103 @@
+"""Downlink deltas: start models sent as ``int8`` deltas against the model a device holds.
+
+In an ``int8`` run a device keeps the last model the server sent it (the start model it
+trained from, which it holds anyway; ``device/waiting.py``), by the sha256 of the
+payload it came in. The server remembers what it sent each device and, once the device
+has answered that task, that the device holds it; the next start model then goes as a
+delta against it (``device/protocol/codecs.py``: ``int8``, ``base`` = that sha256) — the
+full model in the run's downlink codec otherwise (a device seen for the first time, or
+whose model fell out of the cache).
+
+The delta is against the model *as the device decoded it*, so the downlink error does
+not accumulate from round to round: each round's received model is within one
+quantisation step of the server's (the same reconstruction the device computes, with
+the same code, :func:`~device.protocol.codecs.decode`). The server keeps those models in
+a small bounded cache (least recently used first out); devices that received the same
+payload share one entry. The coordinator and the simulator both use
+:class:`DownlinkModels`, so both send the same bytes and devices train from the same
+models.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from device.protocol.codecs import FrameCodec, decode, encode_float, pack, payload_key, quantise
+
+DEFAULT_CAPACITY = 64  # models kept; 64 x 1.7 MB for the FEMNIST MLP
+
+
+@dataclass(frozen=True)
+class Downlink:
+    """One start model as sent to one device."""
+
+    payload: np.ndarray
+    codec: FrameCodec
+    base: str | None  # the sha256 the int8 delta is against
+    key: str  # the sha256 of this payload: what the device will hold
+    received: np.ndarray  # the float32 model the device decodes
+
+
+class DownlinkModels:
+    """What each device holds, and the models behind those keys (bounded).
+
+    Parameters
+    ----------
+    full : the codec of a full model (the run's downlink codec, ``fp16`` for ``int8``).
+    deltas : send deltas at all (``int8`` runs); otherwise every model goes full.
+    capacity : models kept in the cache (at least 1).
+    """
+
+    def __init__(self, full: FrameCodec, *, deltas: bool, capacity: int = DEFAULT_CAPACITY) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be at least 1, got {capacity}")
+        self.full, self.deltas, self.capacity = full, deltas, capacity
+        self._models: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._held: dict[str, str] = {}  # device -> key it confirmed holding
+        self._sent: dict[str, tuple[str, str]] = {}  # device -> (task id, key) sent, not yet confirmed
+
+    def _keep(self, key: str, model: np.ndarray) -> None:
+        self._models[key] = model
+        self._models.move_to_end(key)
+        while len(self._models) > self.capacity:
+            self._models.popitem(last=False)
+
+    def base_of(self, device: str) -> str | None:
+        """The key of the model ``device`` holds, if the cache still has it."""
+        key = self._held.get(device)
+        return key if key is not None and key in self._models else None
+
+    def encode(self, device: str, weights: np.ndarray) -> Downlink:
+        """``weights`` as they go to ``device``: a delta against its held model if the
+        cache has it (``int8`` runs), the full model otherwise."""
+        base = self.base_of(device) if self.deltas else None
+        if base is not None:
+            held = self._models[base]
+            self._models.move_to_end(base)
+            payload, codec = pack(quantise(np.asarray(weights, np.float32) - held))
+            received = decode(payload, codec, held)
+            down = Downlink(payload, codec, base, payload_key(payload), received)
+        else:
+            payload = encode_float(weights, self.full)
+            down = Downlink(payload, self.full, None, payload_key(payload), decode(payload, self.full))
+        if self.deltas:
+            self._keep(down.key, down.received)
+        return down
+
+    def sent(self, device: str, task_id: str, key: str) -> None:
+        """The server sent ``device`` the payload ``key`` for ``task_id``. Until the
+        device answers, the server does not know which model it holds (it replaces its
+        model when the new one arrives), so the next model would go full."""
+        self._sent[device] = (task_id, key)
+        self._held.pop(device, None)
+
+    def confirm(self, device: str, task_id: str) -> None:
+        """``device`` answered ``task_id``: it holds the model sent for it (a device keeps
+        the last model the server sent it)."""
+        sent = self._sent.get(device)
+        if sent is not None and sent[0] == task_id:
+            self._held[device] = sent[1]
+            del self._sent[device]

@@ -1,0 +1,148 @@
+"""Downlink deltas (server/downlink.py): a start model goes as an int8 delta against the
+model the device holds, the device decodes exactly what the server expects, and a full
+model goes whenever the server cannot be sure what the device holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from device.errors import ProtocolError
+from device.protocol import (
+    DELTA_CODECS,
+    SERVER_ID,
+    FrameExtra,
+    LocalTraining,
+    ManagerHop,
+    Reassembler,
+    TrainRequest,
+    encode_frames,
+)
+from device.waiting import WaitingTasks
+from server.downlink import Downlink, DownlinkModels
+
+N = 3_000
+
+
+def _model(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).normal(0, 0.1, N).astype(np.float32)
+
+
+def _deliver(waiting: WaitingTasks, down: Downlink, task_id: str) -> np.ndarray:
+    """``down`` as a device gets it: a train request, then the model frame(s)."""
+    request = TrainRequest(task_id, 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 5, 0.01), 0)
+    waiting.add(request, 1)
+    frames = encode_frames(
+        down.payload,
+        kind="model",
+        run="r",
+        round=1,
+        group=0,
+        sender=SERVER_ID,
+        extra=FrameExtra(task_id),
+        codec=down.codec,
+        base=down.base,
+    )
+    reassembler = Reassembler()
+    payloads = [p for p in (reassembler.add(f) for f in frames) if p is not None]
+    (ready,) = waiting.accept(payloads[0], N)
+    assert ready.key == down.key
+    assert ready.weights is not None
+    return ready.weights
+
+
+def test_a_device_that_answered_gets_the_next_model_as_a_delta_and_decodes_what_the_server_expects() -> None:
+    server, device = DownlinkModels("fp16", deltas=True), WaitingTasks()
+    first = server.encode("dev1", _model(0))
+    assert first.codec == "fp16" and first.base is None  # nothing held yet: the full model
+    server.sent("dev1", "t1", first.key)
+    assert np.array_equal(_deliver(device, first, "t1"), first.received)
+    server.confirm("dev1", "t1")
+    target = _model(0) + 0.01 * _model(1)  # the next round's model
+    second = server.encode("dev1", target)
+    assert second.codec in DELTA_CODECS and second.base == first.key
+    assert second.payload.nbytes < first.payload.nbytes / 1.9
+    got = _deliver(device, second, "t2")
+    assert np.array_equal(got, second.received)  # bit for bit what the server will delta against next
+    assert np.abs(got - target).max() <= np.abs(target - first.received).max() / 255  # one step
+    assert list(device.held) == [second.key]  # the device keeps only the latest
+
+
+def test_a_full_model_goes_when_the_server_cannot_know_what_the_device_holds() -> None:
+    server = DownlinkModels("fp16", deltas=True)
+    down = server.encode("dev1", _model(0))
+    server.sent("dev1", "t1", down.key)
+    assert server.encode("dev1", _model(1)).codec == "fp16"  # not confirmed yet
+    server.confirm("dev1", "t0")  # an answer to another task confirms nothing
+    assert server.base_of("dev1") is None
+    server.confirm("dev1", "t1")
+    assert server.base_of("dev1") == down.key
+    server.sent("dev1", "t2", "f" * 64)  # sent again, unanswered: the device may hold either
+    assert server.encode("dev1", _model(1)).codec == "fp16"
+    other = DownlinkModels("fp16", deltas=True, capacity=1)
+    a = other.encode("dev1", _model(0))
+    other.sent("dev1", "t1", a.key)
+    other.confirm("dev1", "t1")
+    other.encode("dev2", _model(5))  # evicts dev1's model from a cache of one
+    assert other.encode("dev1", _model(1)).codec == "fp16"
+    plain = DownlinkModels("fp16", deltas=False)  # fp16 runs: always full
+    plain.sent("dev1", "t1", plain.encode("dev1", _model(0)).key)
+    plain.confirm("dev1", "t1")
+    assert plain.encode("dev1", _model(1)).codec == "fp16"
+
+
+def test_a_delta_against_a_model_the_device_does_not_hold_is_refused_with_the_reason() -> None:
+    server = DownlinkModels("fp16", deltas=True)
+    first = server.encode("dev1", _model(0))
+    server.sent("dev1", "t1", first.key)
+    server.confirm("dev1", "t1")
+    delta = server.encode("dev1", _model(1))
+    assert delta.codec in DELTA_CODECS
+    with pytest.raises(ProtocolError, match="does not hold"):
+        _deliver(WaitingTasks(), delta, "t2")  # a restarted device holds nothing
+
+
+def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broadcast_to_the_others() -> None:
+    from device.protocol import Topics, TrainResult, decode_message, parse_frame
+    from server.coordinator.manager import GroupManager
+    from server.coordinator.shared import SharedModels
+    from server.strategies.base import GroupPlan, TrainConfig
+
+    sent: list[tuple[str, bytes]] = []
+    topics = Topics("r")
+    downlinks = DownlinkModels("fp16", deltas=True)
+    bases: dict[str, np.ndarray] = {}
+
+    def manager(rnd: int, weights: np.ndarray) -> GroupManager:
+        return GroupManager(
+            GroupPlan(0, ("dev1", "dev2", "dev3"), "parallel", "m"),
+            rnd,
+            weights,
+            TrainConfig(),
+            topics=topics,
+            publish=lambda topic, data, retain: sent.append((topic, data)),
+            handoff="relay",
+            deadline_s=60.0,
+            seed=0,
+            max_chunk=1 << 20,
+            task_prefix="t",
+            shared=SharedModels(topics, lambda topic, data, retain: sent.append((topic, data)), 1 << 20, "e"),
+            codec="int8",
+            bases=bases,
+            downlinks=downlinks,
+        )
+
+    first = manager(1, _model(0))
+    first.start(0.0)
+    assert not [t for t, _ in sent if t == topics.frames("dev1")]  # round 1: the shared broadcast only
+    first.on_result("dev1", TrainResult(first.members[0].task_id, 10, 0.5, 1, 0, 0, ()), 1.0)  # only dev1 answers
+    sent.clear()
+    second = manager(2, _model(1))
+    second.start(2.0)
+    (frame,) = [data for t, data in sent if t == topics.frames("dev1")]
+    header = parse_frame(frame)[0]
+    assert header.codec in DELTA_CODECS and header.base is not None  # a delta against what dev1 holds
+    assert bases[header.sha256] is second.start_weights  # dev1's output decodes against the float32 original
+    bodies = [decode_message(data).body for t, data in sent if t in (topics.inbox("dev1"), topics.inbox("dev2"))]
+    requests = [b for b in bodies if isinstance(b, TrainRequest)]
+    assert [r.shared for r in requests] == [(), (second.shared_key,)]  # dev2 is not known: the broadcast
