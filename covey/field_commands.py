@@ -66,7 +66,7 @@ def _class_counts(root: Path, writers: dict[str, str]) -> dict[str, object]:
 
 
 def _cmd_field_test(args: argparse.Namespace) -> int:
-    from server.field.fieldtest import plan_field_test, run_field_test
+    from server.field.fieldtest import namespace_prefix, plan_field_test, run_field_test
     from server.field.report import build_report, format_report, plot_field
     from server.paths import ensure_model, femnist_dir
 
@@ -85,6 +85,7 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
         for s in plan.topology.sites
     )
     print(f"field test of {args.strategy} on {topology_path} ({sites}); logs in {plan.log_dir}", flush=True)
+    print(f"network namespaces {namespace_prefix(plan)}* (removed at the end)", flush=True)
     start = time.perf_counter()
     run_field_test(plan)
     doc = json.loads((plan.state_dir / "results.json").read_text())

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from device.errors import ConfigError, TransportError
 from server.broker import LOCAL_CONF, local_config_text
-from server.field.netns import Lab, available
+from server.field.netns import PREFIX, Lab, available
 from server.fleet import REPO
 from server.simulation.topology import Site, Topology, load_topology
 
@@ -63,6 +63,7 @@ class FieldTestPlan:
     out_dir: Path
     server_args: tuple[str, ...]  # passed on to ``covey server run``
     run_id: str = field(default_factory=lambda: f"field{uuid.uuid4().hex[:6]}")
+    lab_tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])  # namespaces cvlab-<tag>-*
     seed: int = 0
     timeout_s: float = 3600.0
 
@@ -140,6 +141,11 @@ def plan_field_test(
     return FieldTestPlan(topology, devices, data_root, out_dir, tuple(server_args), seed=seed, timeout_s=timeout_s)
 
 
+def namespace_prefix(plan: FieldTestPlan) -> str:
+    """The names of the network namespaces ``plan``'s test makes (and removes) start so."""
+    return f"{PREFIX}-{plan.lab_tag}-"
+
+
 def _mosquitto() -> str:
     return shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
@@ -163,7 +169,7 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> float:
     """
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    with Lab() as lab:
+    with Lab(tag=plan.lab_tag) as lab:
         broker = lab.add_host("broker")
         server = lab.add_host("server")
         hosts = {d.device_id: lab.add_host(f"d{i + 1:03d}") for i, d in enumerate(plan.devices)}

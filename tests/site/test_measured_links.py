@@ -11,6 +11,7 @@ Everything runs in network namespaces the command creates and removes, also on f
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -57,4 +58,6 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     assert by_site["c"]["measured_rtt_ms"] > by_site["a"]["measured_rtt_ms"], by_site  # the relay's latency shows
     assert report["snr_rank_corr"] > 0.5 and report["rtt_rank_corr"] > 0.5, report
     assert (tmp_path / "field" / "field.png").stat().st_size > 0
-    assert not [n for n in leftovers() if n.startswith("cvlab-")], leftovers()
+    prefix = re.search(r"network namespaces (\S+)\*", out)
+    assert prefix is not None, out[:2000]
+    assert not [n for n in leftovers() if n.startswith(prefix.group(1))], leftovers()
