@@ -41,7 +41,7 @@ def _null_group(array: np.ndarray, **kwargs: Any) -> Iterator[bytes]:
 _train = tasks.TaskRunner.train
 
 
-def _late_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray) -> None:
+def _late_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray, *rest: Any) -> None:
     publish = self._publish
 
     def late(topic: str, payload: bytes, retain: bool) -> None:
@@ -51,7 +51,7 @@ def _late_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndar
 
     self._publish = late
     try:
-        _train(self, request, rnd, weights)
+        _train(self, request, rnd, weights, *rest)  # rest: whatever else the runner takes (the payload key)
     finally:
         self._publish = publish
 

@@ -25,7 +25,7 @@ SCALE = float(os.environ.get("COVEY_POISON_SCALE", "100"))
 _train = tasks.TaskRunner.train
 
 
-def _boosted_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray) -> None:
+def _boosted_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray, *rest: Any) -> None:
     in_worker = self._in_worker
 
     def boosted(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -36,7 +36,7 @@ def _boosted_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.n
 
     self._in_worker = boosted
     try:
-        _train(self, request, rnd, weights)
+        _train(self, request, rnd, weights, *rest)  # rest: whatever else the runner takes (the payload key)
     finally:
         self._in_worker = in_worker
 
