@@ -41,7 +41,6 @@ from server.field.report import FieldReport, plot_field, time_to_target  # noqa:
 
 STRATEGIES = ("fedavg", "dsc", "fedavg_ic", "fedgsp")
 BASELINE = "fedavg"  # the method the papers measure their time savings against
-PREFIX = {"field": "field", "office": "office"}
 
 
 def run_one(topology: str, strategy: str, args: argparse.Namespace) -> FieldReport:
@@ -51,9 +50,10 @@ def run_one(topology: str, strategy: str, args: argparse.Namespace) -> FieldRepo
         return FieldReport.from_dict(json.loads((out / "field.json").read_text()))
     argv = [sys.executable, "-m", "covey.cli", "field-test", str(REPO / "examples" / "topologies" / f"{topology}.toml")]
     argv += ["--strategy", strategy, "--rounds", str(args.rounds), "--model", args.model, "--out", str(out)]
-    argv += ["--seed", str(args.seed)]
+    argv += ["--seed", str(args.seed), "--timeout", str(args.timeout)]
     print(f"$ covey field-test examples/topologies/{topology}.toml --strategy {strategy} ...", flush=True)
-    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=args.timeout)
+    # field-test stops itself after --timeout and removes its lab; the margin is for that
+    proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=args.timeout + 300)
     if proc.returncode != 0:
         raise SystemExit(f"field test {topology}/{strategy} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     print("\n".join(proc.stdout.splitlines()[-9:]), flush=True)
@@ -83,8 +83,10 @@ def main() -> int:
     rows = []
     for topology in args.topologies:
         reports = {s: run_one(topology, s, args) for s in args.strategies}
-        target = args.target_fraction * reports[BASELINE].best_accuracy if BASELINE in reports else math.nan
-        prefix = PREFIX.get(topology, topology)
+        if BASELINE not in reports:
+            raise SystemExit(f"the target is a fraction of {BASELINE}'s accuracy: include it in --strategies")
+        target = args.target_fraction * reports[BASELINE].best_accuracy
+        prefix = topology
         for s, r in reports.items():
             reached, seconds = time_to_target(r.accuracy, r.round_wall_s, target)
             r.target, r.rounds_to_target, r.time_to_target_s = target, reached, seconds

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,8 +22,9 @@ DEFAULT_MODEL = "mlp_femnist"
 
 def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
     """What ``covey server run`` gets besides the lab's broker, run, devices and data.
-    Every device trains each round unless ``--set clients_per_round=`` says otherwise:
-    a field test is about the whole site's links."""
+    Every device is asked each round where the strategy takes ``clients_per_round``,
+    unless ``--set`` says otherwise: a field test is about the whole site's links (FedGSP
+    has no such setting: a fraction κ of its groups trains each round)."""
     from server.simulation.config import parse_assignments
     from server.strategies import strategy_parameters
 
@@ -47,6 +49,18 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    for flag, value in (
+        ("timeout", args.timeout),
+        ("deadline", args.deadline),
+        ("lr", args.lr),
+        ("link-bandwidth-mhz", args.link_bandwidth_mhz),
+        ("register-timeout", args.register_timeout),
+    ):
+        if value is not None and not value > 0:
+            raise ConfigError(f"--{flag} must be > 0, got {value:g}")
+    for flag, count in (("epochs", args.epochs), ("batch", args.batch)):
+        if count is not None and count < 1:
+            raise ConfigError(f"--{flag} must be >= 1, got {count}")
     if args.target is not None and not 0 < args.target <= 100:
         raise ConfigError(f"--target is an accuracy in percent (0 to 100], got {args.target:g}")
     accepted = strategy_parameters(args.strategy)  # an unknown strategy names the known ones
@@ -87,6 +101,7 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     print(f"field test of {args.strategy} on {topology_path} ({sites}); logs in {plan.log_dir}", flush=True)
     print(f"network namespaces {namespace_prefix(plan)}* (removed at the end)", flush=True)
     start = time.perf_counter()
+    signal.signal(signal.SIGTERM, _stop)  # the lab's namespaces and processes go also then
     run_field_test(plan)
     doc = json.loads((plan.state_dir / "results.json").read_text())
     site_of = {d.device_id: d.site for d in plan.devices}
@@ -105,6 +120,10 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     plot_field({args.strategy: report}, out / "field.png", title=title, target=report.target)
     print(format_report(report, out))
     return 0
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through the lab's context manager, which removes it
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -10,7 +10,6 @@ subscriptions are renewed on every connect.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -191,12 +190,14 @@ class MqttLink:
 
     # -- callbacks (network thread: never block) -----------------------------------------
     @staticmethod
-    def _on_socket_open(client, userdata, sock) -> None:  # type: ignore[no-untyped-def]
+    def _on_socket_open(client: paho.Client, userdata: object, sock: paho.SocketLike) -> None:
         """Small messages (requests, probes, acknowledgements) leave at once: without
         TCP_NODELAY, Nagle holds one until the previous segment's ACK, which the peer's
         delayed ACK keeps back up to 40 ms (the broker's config sets the same)."""
-        with contextlib.suppress(OSError, AttributeError, ValueError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # type: ignore[attr-defined]
+        except (OSError, AttributeError, ValueError) as exc:  # a websocket or a non-TCP socket
+            log.debug("no TCP_NODELAY on this connection (%s)", exc)
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:  # type: ignore[no-untyped-def]
         if reason_code.is_failure:

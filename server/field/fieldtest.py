@@ -117,6 +117,7 @@ def plan_field_test(
     """
     from device.data import read_leaf
 
+    data_root, out_dir = data_root.resolve(), out_dir.resolve()  # the processes run from the repo
     topology = load_topology(topology_path)
     if any(s.link.bandwidth_mbps < 0.1 for s in topology.sites):
         raise ConfigError(f"{topology.source}: a field test shapes links of 0.1 Mbit/s or more")
@@ -197,11 +198,18 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> float:
         wall = time.perf_counter() - start
     if tail is not None:
         raise TransportError(
-            f"the coordinator failed ({tail.splitlines()[-1]}); its log: {plan.log_dir / 'server.log'}"
+            f"the coordinator failed ({_reason(tail)}); its log: {plan.log_dir / 'server.log'}"
             if echo
             else f"the coordinator failed; its last lines ({plan.log_dir / 'server.log'}):\n{tail}"
         )
     return wall
+
+
+def _reason(tail: str) -> str:
+    """The coordinator's own last words (its error line), with how it ended."""
+    lines = [ln.strip() for ln in tail.splitlines() if ln.strip()]
+    said = [ln for ln in lines[:-1] if "rounds:" not in ln and "registered:" not in ln]
+    return f"{said[-1]}; {lines[-1].strip('()')}" if said else lines[-1].strip("()")
 
 
 def _run_tee(argv: list[str], log: Path, env: dict[str, str], timeout_s: float, echo: bool) -> str | None:

@@ -149,6 +149,8 @@ class SimulationConfig:
             raise ConfigError(f"unknown data set {self.dataset!r}; choose one of {', '.join(DATASETS)}")
         if not isinstance(self.link_grouping, bool):
             raise ConfigError(f"link_grouping must be true or false, got {_shown(self.link_grouping)}")
+        if not self.link_grouping and self.topology is None:
+            raise ConfigError("link_grouping = false (--no-link-grouping) needs a topology (--topology FILE) to time")
         if self.codec not in WIRE_CODECS:
             raise ConfigError(f"codec must be one of {', '.join(WIRE_CODECS)}, got {_shown(self.codec)}")
         if self.shift_mode not in SHIFT_MODES:

@@ -56,7 +56,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 class LinkProfile:
     """One link: goodput ``bandwidth_mbps`` (Mbit/s), one-way ``latency_ms``, ``loss``
     fraction, optionally a stated ``snr_db``, and ``jitter_ms`` (a uniform extra one-way
-    delay; only a field test's relay applies it, the time model uses the mean latency)."""
+    delay; only a field test's relay applies it: the time model and the matrices ignore it)."""
 
     bandwidth_mbps: float
     latency_ms: float = 0.0
@@ -239,7 +239,12 @@ class TopologyCostModel(CostModel):
       without the server link: the group model stays with the leader.
 
     The leader is the member that reaches the others soonest (least summed transfer
-    time over the pair links: the group's medoid, as FedAvg-IC's Eq. 11 picks it).
+    time over the pair links: the medoid of the communication cost alone; FedAvg-IC's
+    Eq. 11 adds the IID cost, DSC's leader is its affinity-propagation exemplar). Its
+    transfers to the members are counted as running side by side; sharing the leader's
+    own link they would take up to k − 1 times as long, so this flatters leader-based
+    aggregation on large groups. HierFAVG, FedAvg-IC's schedule, is timed the same way
+    (its paper aggregates at edge servers).
 
     Training takes ``flops_per_param`` FLOPs per parameter and sample (2 forward, 4
     backward: the usual estimate for dense layers) at ``device_flops``, over the samples a

@@ -133,6 +133,8 @@ def test_device_ids_follow_the_sites_and_stay_topic_safe() -> None:
         (["--strategy", "fedavg", "--set", "bogus=1"], ["--set bogus", "fedavg takes"]),
         (["--strategy", "fedavg", "--rounds", "0"], ["--rounds must be >= 1"]),
         (["--strategy", "fedavg", "--target", "150"], ["--target", "percent"]),
+        (["--strategy", "fedavg", "--timeout", "-5"], ["--timeout must be > 0"]),
+        (["--strategy", "fedavg", "--epochs", "0"], ["--epochs must be >= 1"]),
     ],
 )
 def test_setting_mistakes_are_one_line(
@@ -169,7 +171,6 @@ def test_a_topology_or_data_that_cannot_be_used_is_one_line(tmp_path: Path, caps
 
 
 def test_a_report_reads_back_from_its_json() -> None:
-    ids = ["f1", "s1"]
     site_of = {"f1": FAST, "s1": SLOW}
     doc = {"rounds": [{"server_accuracy": math.nan, "wall_s": 1.0}, {"server_accuracy": 0.5, "wall_s": 2.0}]}
     report = build_report(doc, site_of, strategy="fedavg", bandwidth_hz=20e6, target=0.9)
@@ -178,4 +179,5 @@ def test_a_report_reads_back_from_its_json() -> None:
     back = type(report).from_dict(json.loads(text))
 
     assert back.accuracy[1] == 0.5 and math.isnan(back.accuracy[0]) and math.isnan(back.snr_rank_corr)
-    assert back.time_to_target_s is None and back.rounds == 2 and ids == sorted(site_of)
+    assert back.time_to_target_s is None and back.rounds == 2 and back.target == 0.9
+    assert [s.site for s in back.sites] == [s.site for s in report.sites] and back.to_dict() == report.to_dict()

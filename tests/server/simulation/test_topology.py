@@ -132,25 +132,35 @@ def test_fedavg_ic_groups_on_a_measured_rtt_matrix_that_differs_by_direction() -
     assert sorted(strategy.assignment) == ids and len(set(strategy.assignment.values())) == 3
 
 
-def test_groups_that_meet_at_a_leader_skip_the_slow_server_link() -> None:
+def test_a_round_is_timed_on_the_links_its_groups_models_cross() -> None:
     from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan
 
     # Prepare: the office's 12 devices in their 3 sites, one group per site
     topology = load_topology(OFFICE)
     ids = [f"c{i:02d}" for i in range(12)]
-    cost = TopologyCostModel(topology=topology, site=topology.site_of(ids))
+    site = topology.site_of(ids)
+    cost = TopologyCostModel(topology=topology, site=site)
     groups = [ids[0:4], ids[4:8], ids[8:12]]
     plan = RoundPlan(1, tuple(GroupPlan(g, tuple(m), "parallel", "w") for g, m in enumerate(groups)),
                      {"w": np.zeros(1)}, TRAIN)  # fmt: skip
     results = [GroupResult(g, tuple(MemberResult(c, 100, 0.0) for c in m)) for g, m in enumerate(groups)]
     n_bytes = 4_000_000
+    train_s = 6 * n_bytes / 4 / cost.device_flops * 100 * TRAIN.epochs  # 6 FLOPs per parameter and sample
 
     # Execute
     t = {a: cost.round_costs(plan, results, 1, n_bytes, a)["t_round_s"] for a in ("server", "leader", "leader_only")}
 
-    # Assert: the far corner's 6 Mbit/s link is crossed twice per model by every member,
-    # by the leader alone, or not at all
-    far = topology.sites[2].link.transfer_s(n_bytes)
-    assert t["server"] >= 2 * far
-    assert t["leader_only"] < far / 2
-    assert t["leader_only"] < t["leader"] <= t["server"] + 2 * far
+    # Assert: every member crosses its server link both ways; or the leader, once each
+    # way, after its members crossed their site's switch; or the switch alone
+    far, far_pair = topology.sites[2].link, topology.pair(site["c08"], site["c09"])
+    assert t["server"] == pytest.approx(2 * far.transfer_s(n_bytes) + train_s)
+    assert t["leader_only"] == pytest.approx(2 * far_pair.transfer_s(n_bytes) + train_s)
+    assert t["leader"] == pytest.approx(2 * far_pair.transfer_s(n_bytes) + train_s + 2 * far.transfer_s(n_bytes))
+    assert t["leader_only"] < t["server"] < t["leader"]  # a leader pays the hops on top of its own link
+
+
+def test_data_only_grouping_needs_a_topology_to_time() -> None:
+    from server.simulation.config import SimulationConfig
+
+    with pytest.raises(ConfigError, match="needs a topology"):
+        SimulationConfig(link_grouping=False)
