@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+# Tests that stop a command with Ctrl-C (SIGINT) need it to reach the command. A suite
+# started in the background by a shell without job control (`cmd &` in a script, nohup)
+# inherits SIGINT *ignored*, and every process it starts would too: Python then never
+# raises KeyboardInterrupt. Restore the default here, so the suite behaves the same
+# however it was launched (CI runs it in the foreground, where this changes nothing).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("COVEY_CACHE_DIR", str(REPO / ".cache"))
