@@ -209,15 +209,15 @@ class Agent:
         elif item.topic == t.inbox(me):
             self._on_request(decode_message(item.payload))
         elif item.topic == t.frames(me):
-            self._on_frame(item.payload, SERVER_ID)
+            self._on_frame(item.payload, SERVER_ID, item.received_at)
         elif item.topic.startswith(t.shared_root):
             if item.payload:  # an empty retained message: the server cleared a shared model
-                self._on_frame(item.payload, SERVER_ID)
+                self._on_frame(item.payload, SERVER_ID, item.received_at)
         else:
             sender = t.handoff_sender(item.topic, me)
             if sender is None:
                 raise ProtocolError(f"unexpected topic {item.topic}")
-            self._on_frame(item.payload, sender)
+            self._on_frame(item.payload, sender, item.received_at)
 
     def _version_mismatch(self, item: Incoming, exc: ProtocolVersionError) -> None:
         if item.topic not in (self.topics.inbox(self.me), self.topics.server_status):
@@ -333,8 +333,8 @@ class Agent:
             self._shared_subscribed.update(new)
             self.link.subscribe(*(self.topics.shared_filter(k) for k in new))
 
-    def _on_frame(self, frame: bytes, sender: str) -> None:
-        payload = self._frames.add(frame, sender=sender)
+    def _on_frame(self, frame: bytes, sender: str, received_at: float | None = None) -> None:
+        payload = self._frames.add(frame, sender=sender, received_at=received_at or None)
         if payload is None:
             return
         h = payload.header
@@ -355,7 +355,7 @@ class Agent:
                     runner.pretrain(task.request, task.round, task.weights)
                 else:
                     assert task.weights is not None
-                    runner.train(task.request, task.round, task.weights, task.key)
+                    runner.train(task.request, task.round, task.weights, task.key, task.inbound)
         finally:
             self._drop_unused_shared()
 

@@ -31,6 +31,7 @@ class Incoming:
     topic: str
     payload: bytes
     retain: bool
+    received_at: float = 0.0  # time.monotonic() when the network thread took it (transfer timing)
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,7 @@ class MqttLink:
             with self._lock:
                 if self.max_queue_bytes is not None and self._queued_bytes + size > self.max_queue_bytes:
                     raise queue.Full
-                self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain)))
+                self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain), time.monotonic()))
                 self._queued_bytes += size
         except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
             self.dropped += 1

@@ -31,6 +31,7 @@ from device.protocol import (
     FrameExtra,
     FrameKind,
     Hop,
+    InboundTransfer,
     Message,
     PretrainRequest,
     PretrainResult,
@@ -75,11 +76,18 @@ class TaskRunner:
         self.trained = 0
         self.feedback = ErrorFeedback()  # the residual of this device's last int8 output
 
-    def train(self, request: TrainRequest, rnd: int, weights: np.ndarray, key: str = "") -> None:
+    def train(
+        self,
+        request: TrainRequest,
+        rnd: int,
+        weights: np.ndarray,
+        key: str = "",
+        inbound: InboundTransfer | None = None,
+    ) -> None:
         """Train, hand the output on, then report at once (the server waits on both).
 
         ``key``: the sha256 of the payload ``weights`` came in (the base an ``int8``
-        output names)."""
+        output names); ``inbound``: how fast it arrived, reported with the result."""
         start = time.perf_counter()
         out = self._in_worker(
             train_locally,
@@ -108,6 +116,7 @@ class TaskRunner:
             class_counts=tuple(int(c) for c in class_counts(self.train_data.y, self.model.manifest.n_classes)),
             train_seconds=seconds,
             deliver_seconds=time.perf_counter() - delivered,
+            inbound=inbound,
         )
         message = Message.of(result, run=self.run, sender=self.me, round=rnd).encode()
         self._publish(self.topics.results(self.me), message, False)  # at once after the frames

@@ -18,6 +18,7 @@ from device.errors import ProtocolError
 from device.protocol import (
     SERVER_ID,
     EvaluateRequest,
+    InboundTransfer,
     Payload,
     PretrainRequest,
     TrainRequest,
@@ -25,6 +26,19 @@ from device.protocol import (
 )
 
 Request = TrainRequest | PretrainRequest | EvaluateRequest
+
+
+def inbound_of(payload: Payload) -> InboundTransfer | None:
+    """What the coordinator learns from how fast ``payload`` arrived (its sender, the
+    bytes after its first chunk and their seconds); ``None`` for a payload of one chunk
+    or one whose chunks arrived too close together to time."""
+    t = payload.timing
+    if t is None or t.goodput_bps is None or t.nbytes <= 0:
+        return None
+    try:
+        return InboundTransfer(payload.header.sender, t.nbytes, t.seconds)
+    except ValueError:  # faster than any link (1 Tbit/s) or slower than an hour: not a measurement
+        return None
 
 
 @dataclass
@@ -35,6 +49,7 @@ class Ready:
     round: int
     weights: np.ndarray | None = field(default=None, repr=False)  # train / pretrain
     key: str = ""  # the sha256 of the payload the weights came in: the base of an int8 output
+    inbound: InboundTransfer | None = None  # how fast that payload arrived, when it could be timed
     models: dict[int, np.ndarray] = field(default_factory=dict, repr=False)  # evaluate: index -> model
 
 
@@ -109,5 +124,5 @@ class WaitingTasks:
             del self._tasks[task_id]
             if isinstance(request, TrainRequest) and h.sender == SERVER_ID:
                 self.held = {h.sha256: weights}
-            ready.append(Ready(request, task.round, weights=weights, key=h.sha256))
+            ready.append(Ready(request, task.round, weights=weights, key=h.sha256, inbound=inbound_of(payload)))
         return ready

@@ -8,13 +8,19 @@ a few hundred kilobytes to the server and to every peer along the path a model t
 and the goodput ``C`` becomes an *effective* SNR through Shannon's ``C = B·log2(1 +
 SNR)`` with a stated bandwidth ``B`` (:func:`device.link.shannon_snr_db`, capped so a
 link faster than any radio ranks best; 20 MHz, one Wi-Fi channel, unless set).
+Once rounds run, the models themselves are timed: the server times every upload it
+receives, a device the start model or hand-off it trained from (the spacing of a
+payload's chunks at the receiver, ``device/protocol/frames.py``, ``TransferTiming``),
+and the median of a path's latest :data:`TRANSFER_SAMPLES` transfers replaces its probe:
+a model-sized transfer under the round's real load says more than a 256 KB probe.
 FedAvg-IC (Lee et al., Eq. 3) and HierFAVG take the RTT matrix as the communication
 distance.
 
 Every entry says where it came from (:data:`EntrySource`):
 
+``transfer``        Γ only: the goodput of the models that crossed that path (uploads, hand-offs)
 ``measured``        the device's own probe to that target
-``reverse``         the other direction's probe (links through one broker are close to symmetric)
+``reverse``         the other direction's probe or transfers (links through one broker are close to symmetric)
 ``via server``      RTT only: the two devices' RTTs to the server added (the path through the broker)
 ``bottleneck``      Γ only: the weaker of the two devices' server links (a model between them crosses both)
 ``wifi``            Γ diagonal only: the device's Wi-Fi SNR, when its server goodput is unknown
@@ -28,19 +34,30 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 
 from device.link import rtt_stats, shannon_snr_db
-from device.protocol import SERVER_ID, LinkReport, PathReport
+from device.protocol import SERVER_ID, InboundTransfer, LinkReport, PathReport
 
 EntrySource = Literal[
-    "measured", "reverse", "via server", "bottleneck", "wifi", "worst measured", "self", "missing", "topology"
+    "transfer",
+    "measured",
+    "reverse",
+    "via server",
+    "bottleneck",
+    "wifi",
+    "worst measured",
+    "self",
+    "missing",
+    "topology",
 ]
 DEFAULT_BANDWIDTH_HZ = 20e6
+TRANSFER_SAMPLES = 8  # a path's latest model transfers whose median goodput stands for it
+_MEASURED = ("transfer", "measured")  # entries of that path itself, not filled from others
 
 
 @dataclass(frozen=True)
@@ -98,6 +115,7 @@ class LinkMatrices:
     def table(self) -> str:
         """Both matrices as text, each entry marked by its source (``*`` measured)."""
         mark = {
+            "transfer": "m",
             "measured": "*",
             "self": " ",
             "reverse": "r",
@@ -124,8 +142,8 @@ class LinkMatrices:
                 )
                 lines.append(f"{self.ids[i]:<{width}}{cells}")
         lines.append(
-            "* measured  r reverse direction  s via the server  b bottleneck of both server links  w Wi-Fi SNR  "
-            "t from a topology file  ? worst measured"
+            "m model transfers  * probes  r reverse direction  s via the server  b bottleneck of both server links  "
+            "w Wi-Fi SNR  t from a topology file  ? worst measured"
         )
         return "\n".join(lines)
 
@@ -141,8 +159,9 @@ def build_link_matrices(
     reports: Mapping[str, LinkReport],
     server_rtt_ms: Mapping[str, float],
     bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ,
+    transfer_bps: Mapping[tuple[str, str], float] | None = None,
 ) -> LinkMatrices:
-    """Γ and RTT from link reports and the server's own RTT measurements.
+    """Γ and RTT from link reports, model transfers and the server's own RTT measurements.
 
     Parameters
     ----------
@@ -150,6 +169,10 @@ def build_link_matrices(
     reports : each device's latest :class:`LinkReport` (missing: not reported).
     server_rtt_ms : median RTT server-device of the server's pings (missing: unknown).
     bandwidth_hz : ``B`` of Shannon's capacity for the effective SNR.
+    transfer_bps : goodput (bit/s) of the models that crossed a path, by ``(sender,
+        receiver)``; the server is :data:`device.protocol.SERVER_ID`. It takes precedence
+        over that path's probe; the diagonal is the device's upload (device to server),
+        else the server's downlink to it (marked ``reverse``).
 
     Returns
     -------
@@ -157,6 +180,12 @@ def build_link_matrices(
     """
     n = len(ids)
     by_target = {d: {p.target: p for p in r.paths} for d, r in reports.items()}  # one lookup per entry
+    moved = transfer_bps or {}
+
+    def moved_snr(sender: str, receiver: str) -> float:
+        bps = moved.get((sender, receiver))
+        return math.nan if bps is None else shannon_snr_db(bps, bandwidth_hz)
+
     snr = np.full((n, n), np.nan)
     rtt = np.full((n, n), np.nan)
     snr_src = np.full((n, n), "missing", dtype=object)
@@ -165,11 +194,17 @@ def build_link_matrices(
     for i, d in enumerate(ids):
         report = reports.get(d)
         paths = by_target.get(d, {})
-        snr[i, i] = _snr_of(paths.get(SERVER_ID), bandwidth_hz)
-        if math.isfinite(snr[i, i]):
-            snr_src[i, i] = "measured"
-        elif report is not None and report.wifi is not None and report.wifi.snr_db is not None:
-            snr[i, i], snr_src[i, i] = report.wifi.snr_db, "wifi"
+        wifi = report.wifi.snr_db if report is not None and report.wifi is not None else None
+        diagonal = (  # the first known, in this order
+            (moved_snr(d, SERVER_ID), "transfer"),
+            (_snr_of(paths.get(SERVER_ID), bandwidth_hz), "measured"),
+            (moved_snr(SERVER_ID, d), "reverse"),
+            (math.nan if wifi is None else wifi, "wifi"),
+        )
+        for value, source in diagonal:
+            if math.isfinite(value):
+                snr[i, i], snr_src[i, i] = value, source
+                break
         path = paths.get(SERVER_ID)
         mine = server_rtt_ms.get(d, math.nan)
         to_server[i] = mine if math.isfinite(mine) else (path.rtt_ms if path and path.rtt_ms is not None else math.nan)
@@ -178,16 +213,18 @@ def build_link_matrices(
             if i == j:
                 continue
             p = paths.get(peer)
-            s = _snr_of(p, bandwidth_hz)
+            s, how = moved_snr(d, peer), "transfer"
+            if not math.isfinite(s):
+                s, how = _snr_of(p, bandwidth_hz), "measured"
             if math.isfinite(s):
-                snr[i, j], snr_src[i, j] = s, "measured"
+                snr[i, j], snr_src[i, j] = s, how
             if p is not None and p.rtt_ms is not None:
                 rtt[i, j], rtt_src[i, j] = p.rtt_ms, "measured"
     for i in range(n):
         for j in range(n):
             if i == j:
                 continue
-            if snr_src[i, j] == "missing" and snr_src[j, i] == "measured":
+            if snr_src[i, j] == "missing" and snr_src[j, i] in _MEASURED:
                 snr[i, j], snr_src[i, j] = snr[j, i], "reverse"
             if rtt_src[i, j] == "missing" and rtt_src[j, i] == "measured":
                 rtt[i, j], rtt_src[i, j] = rtt[j, i], "reverse"
@@ -195,7 +232,7 @@ def build_link_matrices(
                 snr[i, j], snr_src[i, j] = min(snr[i, i], snr[j, j]), "bottleneck"
             if rtt_src[i, j] == "missing" and math.isfinite(to_server[i]) and math.isfinite(to_server[j]):
                 rtt[i, j], rtt_src[i, j] = to_server[i] + to_server[j], "via server"
-    any_snr = bool(np.isin(snr_src, ["measured", "wifi"]).any())
+    any_snr = bool(np.isin(snr_src, ["transfer", "measured", "reverse", "wifi"]).any())
     any_rtt = bool((rtt_src == "measured").any()) or bool(np.isfinite(to_server).any())
     # the worst value measured; an RTT known only to the server: twice the slowest server RTT
     slowest_via_server = 2 * float(np.nanmax(to_server)) if np.isfinite(to_server).any() else 0.0
@@ -218,6 +255,18 @@ def build_link_matrices(
     )
 
 
+MAX_PROBE_PEERS = 256  # LinkProbeRequest.peers holds at most this many
+
+
+def probe_peers(online: Sequence[str], index: int, cap: int = MAX_PROBE_PEERS) -> tuple[str, ...]:
+    """The peers device ``online[index]`` probes: the devices after it in ``online``,
+    wrapping around, at most ``cap``. Each device's slice starts at a different place,
+    so on a site of up to ``2 * cap + 1`` devices every pair is probed in at least one
+    direction (the other is filled as ``reverse``)."""
+    others = [*online[index + 1 :], *online[:index]]
+    return tuple(others[:cap])
+
+
 @dataclass
 class LinkBook:
     """The coordinator's link measurements: server-side RTT samples and device reports."""
@@ -226,6 +275,7 @@ class LinkBook:
     reports: dict[str, LinkReport] = field(default_factory=dict)
     rtt_samples: dict[str, list[float]] = field(default_factory=dict)
     pending: dict[str, str] = field(default_factory=dict)  # device -> task id of the probe request it owes
+    transfers: dict[tuple[str, str], list[float]] = field(default_factory=dict)  # (sender, receiver) -> bit/s
 
     _cache: tuple[tuple[str, ...], int, LinkMatrices] | None = field(default=None, repr=False)
     _version: int = 0
@@ -236,6 +286,32 @@ class LinkBook:
             samples.append(ms)
             del samples[:-16]  # the latest probes
             self._version += 1
+
+    def add_transfer(self, sender: str, receiver: str, nbytes: int, seconds: float) -> float | None:
+        """Count one model transfer on the path ``sender`` to ``receiver``; its goodput
+        (bit/s), or ``None`` when the figures are no rate (not finite or not positive)."""
+        if not (nbytes > 0 and math.isfinite(seconds) and seconds > 0) or sender == receiver:
+            return None
+        bps = 8.0 * nbytes / seconds
+        samples = self.transfers.setdefault((sender, receiver), [])
+        samples.append(bps)
+        del samples[:-TRANSFER_SAMPLES]
+        self._version += 1
+        return bps
+
+    def add_inbound(self, receiver: str, inbound: InboundTransfer, devices: Collection[str]) -> str | None:
+        """Count the transfer ``receiver`` timed (its start model, from the server or its
+        predecessor); a reason instead when the source is neither the server nor another
+        of ``devices`` (the registered ones): such a path cannot be placed in Γ."""
+        source = inbound.source
+        if source != SERVER_ID and (source == receiver or source not in devices):
+            return f"{receiver} timed a model from {source!r}, which is neither the server nor another device"
+        self.add_transfer(source, receiver, inbound.nbytes, inbound.seconds)
+        return None
+
+    def transfer_bps(self) -> dict[tuple[str, str], float]:
+        """The median goodput of each path's latest transfers."""
+        return {path: float(np.median(samples)) for path, samples in self.transfers.items() if samples}
 
     def server_rtt_ms(self) -> dict[str, float]:
         out = {}
@@ -259,6 +335,6 @@ class LinkBook:
         key = tuple(sorted(ids))
         if self._cache is not None and self._cache[0] == key and self._cache[1] == self._version:
             return self._cache[2]
-        m = build_link_matrices(key, self.reports, self.server_rtt_ms(), self.bandwidth_hz)
+        m = build_link_matrices(key, self.reports, self.server_rtt_ms(), self.bandwidth_hz, self.transfer_bps())
         self._cache = (key, self._version, m)
         return m

@@ -129,11 +129,33 @@ def _is_sha256(text: str) -> bool:
 
 
 @dataclass(frozen=True)
+class TransferTiming:
+    """How fast a multi-chunk payload arrived: the bytes of every chunk after the first
+    and the seconds from the first chunk's arrival to the last's. The sender publishes
+    its chunks back to back, so their spacing at the receiver is set by the slowest link
+    on the path (packet-train dispersion): a goodput measured on the transfer itself,
+    with no clock shared between sender and receiver and no latency in it."""
+
+    nbytes: int
+    seconds: float
+
+    @property
+    def goodput_bps(self) -> float | None:
+        """Payload bits per second; ``None`` when the arrivals were too close to time."""
+        return 8.0 * self.nbytes / self.seconds if self.seconds >= MIN_TIMED_S else None
+
+
+MIN_TIMED_S = 1e-3  # spacing below a millisecond is timer and scheduling noise, not a rate
+
+
+@dataclass(frozen=True)
 class Payload:
-    """A reassembled, checked model payload."""
+    """A reassembled, checked model payload; ``timing``: how fast it arrived (payloads
+    of two or more chunks only, see :class:`TransferTiming`)."""
 
     header: FrameHeader
     array: np.ndarray
+    timing: TransferTiming | None = None
 
 
 def encode_frames(
@@ -280,6 +302,7 @@ class Reassembler:
         self.max_bytes, self.max_pending_bytes, self.max_age_s = max_bytes, max_pending_bytes, max_age_s
         self.max_pending_per_sender = max_pending_per_sender
         self._parts: dict[str, tuple[FrameHeader, dict[int, memoryview], float]] = {}
+        self._first_at: dict[str, tuple[float, int]] = {}  # when each partial message's first chunk arrived, its bytes
         self.evicted = 0
         self.expired = 0
 
@@ -295,6 +318,7 @@ class Reassembler:
         old = [k for k, (_, _, seen) in self._parts.items() if now - seen > self.max_age_s]
         for key in old:
             head, _, _ = self._parts.pop(key)
+            self._first_at.pop(key, None)
             self.expired += 1
             log.warning("dropped the partial %s payload %s: no chunk for %.0f s", head.kind, key, self.max_age_s)
 
@@ -314,6 +338,7 @@ class Reassembler:
     def _evict(self, key: str, why: str) -> int:
         """Drop the partial message ``key`` (logged, counted); returns what it announced."""
         head, parts, _ = self._parts.pop(key)
+        self._first_at.pop(key, None)
         self.evicted += 1
         log.warning(
             "evicted the partial %s frame %s from %s (%d of %d chunks): %s",
@@ -326,11 +351,13 @@ class Reassembler:
         )
         return head.nbytes
 
-    def add(self, frame: bytes, sender: str | None = None) -> Payload | None:
+    def add(self, frame: bytes, sender: str | None = None, received_at: float | None = None) -> Payload | None:
         """Take one frame; the whole checked payload once its last chunk arrived.
 
         ``sender``: who the broker says sent it (from the topic). A frame whose
-        header names anyone else is refused before it is stored."""
+        header names anyone else is refused before it is stored. ``received_at``: the
+        ``time.monotonic()`` at which the network took the frame (default: now); the
+        payload's :class:`TransferTiming` is measured from these."""
         header, chunk = parse_frame(frame)
         if sender is not None and header.sender != sender:
             raise ProtocolError(f"frame claims sender {header.sender!r} but came from {sender!r}")
@@ -338,6 +365,7 @@ class Reassembler:
             raise ProtocolError(f"payload of {header.nbytes} bytes exceeds the {self.max_bytes}-byte limit")
         now = time.monotonic()
         self._expire(now)
+        arrived = now if received_at is None else received_at
         key = f"{header.sender}/{header.msg_id}"
         if header.n_chunks > 1 and key not in self._parts:
             self._make_room(header.nbytes, header.sender)
@@ -349,17 +377,23 @@ class Reassembler:
             header.chunk_size,
         ):
             self._parts.pop(key, None)
+            self._first_at.pop(key, None)
             raise ProtocolError(f"chunks of message {header.msg_id} disagree about the payload")
         parts[header.chunk] = chunk
         self._parts[key] = (first, parts, now)
+        first_at, first_bytes = self._first_at.setdefault(key, (arrived, len(chunk)))
         if len(parts) < header.n_chunks:
             return None
         self._parts.pop(key, None)
+        self._first_at.pop(key, None)
+        timing = None
+        if header.n_chunks > 1:
+            timing = TransferTiming(header.nbytes - first_bytes, max(0.0, arrived - first_at))
         data = parts[0] if header.n_chunks == 1 else memoryview(b"".join(parts[i] for i in range(header.n_chunks)))
         if hashlib.sha256(data).hexdigest() != header.sha256:
             raise ProtocolError(f"payload sha256 mismatch for message {header.msg_id}: corrupted in transit")
         array = np.frombuffer(data, dtype=np.dtype(DTYPES[header.dtype]).newbyteorder("<")).reshape(header.shape)
-        return Payload(first, array.astype(DTYPES[header.dtype], copy=False))
+        return Payload(first, array.astype(DTYPES[header.dtype], copy=False), timing)
 
 
 def check_weights(payload: Payload, n_params: int, bases: Mapping[str, np.ndarray] | None = None) -> np.ndarray:

@@ -54,6 +54,25 @@ def _plausible(**counts: int) -> None:
 
 # -- device -> server ----------------------------------------------------------------------
 @dataclass(frozen=True)
+class InboundTransfer:
+    """How fast the model a task trained from arrived (``device/protocol/frames.py``,
+    ``TransferTiming``): from ``source`` (``"server"`` or the predecessor that handed it
+    on), ``nbytes`` of every chunk after the first in ``seconds`` between the first
+    chunk's arrival and the last's. The coordinator turns it into a measured goodput of
+    that path (``server/links.py``, entries marked ``transfer``)."""
+
+    source: Annotated[str, Identifier("transfer source")]
+    nbytes: Annotated[int, AtLeast(1)]
+    seconds: Annotated[float, Above(0)]
+
+    def __post_init__(self) -> None:
+        if self.nbytes > 2**31 or self.seconds > 3600:
+            raise ValueError(f"{self.nbytes} bytes in {self.seconds} s is not a model transfer")
+        if not 0 < 8.0 * self.nbytes / self.seconds <= 1e12:
+            raise ValueError(f"{self.nbytes} bytes in {self.seconds} s is not between 0 and 1e12 bit/s")
+
+
+@dataclass(frozen=True)
 class Register:
     """A device announces itself once it holds the model, and again whenever the
     server's epoch changes (registering twice is fine: the later one wins).
@@ -87,6 +106,7 @@ class TrainResult:
     class_counts: ClassCounts
     train_seconds: Annotated[float, AtLeast(0)] = 0.0
     deliver_seconds: Annotated[float, AtLeast(0)] = 0.0
+    inbound: InboundTransfer | None = None  # the start model's arrival, when it came in two or more chunks
     kind: Literal["train"] = "train"
 
     def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ from device.protocol import (
     SERVER_ID,
     Ack,
     EvalRow,
+    InboundTransfer,
     LinkProbeRequest,
     LinkReport,
     Message,
@@ -66,13 +67,12 @@ from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
-from server.links import DEFAULT_BANDWIDTH_HZ, LinkBook, LinkMatrices
+from server.links import DEFAULT_BANDWIDTH_HZ, MAX_PROBE_PEERS, LinkBook, LinkMatrices, probe_peers
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
-MAX_PROBE_PEERS = 256  # LinkProbeRequest.peers holds at most this many
 LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
 
 
@@ -298,7 +298,7 @@ class Coordinator(Persistence):
         if kind == "frames":
             self.registry.known(device)  # nothing from an unregistered id is held while it reassembles
             evicted, expired = self._frames.evicted, self._frames.expired
-            payload = self._frames.add(item.payload, sender=device)
+            payload = self._frames.add(item.payload, sender=device, received_at=item.received_at or None)
             if self._frames.evicted > evicted or self._frames.expired > expired:
                 self.drop("partial payload evicted or expired", f"from {device}")
             if payload is not None:
@@ -360,6 +360,15 @@ class Coordinator(Persistence):
             self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
         elif outcome == "unexpected":
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
+        else:
+            self._on_inbound(device, body.inbound)
+
+    def _on_inbound(self, device: str, inbound: InboundTransfer | None) -> None:
+        """How fast ``device``'s start model reached it: a goodput of the path from the
+        server or its predecessor (a source that is neither is not counted)."""
+        why = None if inbound is None else self.linkbook.add_inbound(device, inbound, self.devices)
+        if why is not None:
+            self.drop("implausible transfer report", why)
 
     def _on_frame(self, device: str, payload: Payload) -> None:
         self.registry.known(device)
@@ -377,6 +386,8 @@ class Coordinator(Persistence):
             )
             return
         weights = check_weights(payload, self.manifest.n_params, self.bases)
+        if payload.timing is not None and h.kind in ("update", "result"):  # timed here: the upload's goodput
+            self.linkbook.add_transfer(device, SERVER_ID, payload.timing.nbytes, payload.timing.seconds)
         if h.kind == "update":
             if not self.requests.on_update(device, h.extra.task_id or "", weights):
                 raise ProtocolError(f"update for task {h.extra.task_id!r} nobody waits for")
@@ -444,10 +455,8 @@ class Coordinator(Persistence):
                 )
                 break
             for k, device in enumerate(online[first : first + wave], start=first):
-                others = online[k + 1 :] + online[:k]  # the next devices first: slices differ per device
-                request = LinkProbeRequest(
-                    task_id, tuple(others[:MAX_PROBE_PEERS]), c.link_probes, size, c.link_probe_timeout_s
-                )
+                peers = probe_peers(online, k)
+                request = LinkProbeRequest(task_id, peers, c.link_probes, size, c.link_probe_timeout_s)
                 self.linkbook.pending[device] = task_id
                 self._publish(self.topics.inbox(device), Message.of(request, run=c.run, sender=SERVER_ID).encode())
             deadline = time.monotonic() + budget
@@ -529,6 +538,8 @@ class Coordinator(Persistence):
         every = self.cfg.links_every
         if every > 0 and record.round % every == 0:
             self.measure_links()  # links change: a refresh before the strategy regroups
+        elif self.linkbook.transfers:  # this round's uploads and hand-offs, timed (server/links.py)
+            self.link_matrices = self.linkbook.matrices(self.ready_devices())
         log.info(
             "round %d: server accuracy %.2f%%, federated %.2f%%, %d groups, %d trained, %d skipped, %.1f s",
             record.round,

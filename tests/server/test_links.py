@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from device.link import effective_snr_db
-from device.protocol import LinkReport, PathReport, WifiInfo
-from server.links import LinkMatrices, build_link_matrices
+from device.link import effective_snr_db, shannon_snr_db
+from device.protocol import InboundTransfer, LinkReport, PathReport, WifiInfo
+from server.links import MAX_PROBE_PEERS, TRANSFER_SAMPLES, LinkBook, LinkMatrices, build_link_matrices, probe_peers
 
 
 def report(*paths: PathReport, wifi: WifiInfo | None = None) -> LinkReport:
@@ -78,3 +78,65 @@ def test_rtt_known_only_from_the_server_is_never_filled_as_zero() -> None:
     m = build_link_matrices(["a", "b"], {}, {"a": 12.0})
     assert m.rtt_ms is not None
     assert m.rtt_ms[0, 1] == m.rtt_ms[1, 0] == 24.0 and m.rtt_source[0, 1] == "worst measured"
+
+
+def test_model_transfers_take_precedence_over_probes_and_fill_what_probes_missed() -> None:
+    # Prepare: a probed everything at 40 Mbit/s to the server; then a's uploads ran at 8,
+    # a handed models to b at 4; c was never probed, but the server's models reached it at 2
+    reports = {"a": report(PathReport("server", 3, 3, 2.0, 0.1, 40e6), PathReport("b", 3, 3, 3.0, 0.2, 20e6))}
+    book = LinkBook(20e6)
+    book.reports.update(reports)
+    for seconds in (1.0, 1.0, 0.5):  # 8, 8 and 16 Mbit/s: the median is 8
+        book.add_transfer("a", "server", 1_000_000, seconds)
+    book.add_transfer("a", "b", 500_000, 1.0)
+    book.add_transfer("server", "c", 250_000, 1.0)
+
+    # Execute
+    m = book.matrices(["a", "b", "c"])
+
+    # Assert
+    src = m.snr_source
+    assert m.snr_db is not None
+    assert src[0, 0] == "transfer" and math.isclose(m.snr_db[0, 0], shannon_snr_db(8e6, 20e6))
+    assert src[0, 1] == "transfer" and math.isclose(m.snr_db[0, 1], shannon_snr_db(4e6, 20e6))
+    assert src[1, 0] == "reverse" and m.snr_db[1, 0] == m.snr_db[0, 1]
+    assert src[2, 2] == "reverse" and math.isclose(m.snr_db[2, 2], shannon_snr_db(2e6, 20e6))  # downlink only
+    assert f"{m.snr_db[0, 0]:.1f}m" in m.table()  # marked as model transfers
+    assert m.counts("snr")["transfer"] == 2
+
+
+def test_a_path_stands_for_its_latest_transfers_and_nonsense_is_not_counted() -> None:
+    book = LinkBook(20e6)
+    assert book.add_transfer("a", "server", 0, 1.0) is None
+    assert book.add_transfer("a", "server", 1000, float("nan")) is None
+    assert book.add_transfer("a", "server", 1000, -1.0) is None
+    assert book.add_transfer("a", "a", 1000, 1.0) is None
+    assert book.transfers == {}
+    for k in range(TRANSFER_SAMPLES + 4):  # a link that got slower: only the latest count
+        book.add_transfer("a", "server", 1_000_000 if k < 4 else 125_000, 1.0)
+    assert book.transfer_bps() == {("a", "server"): 1e6}
+    before = book.matrices(["a"])
+    book.add_transfer("a", "server", 250_000, 1.0)
+    assert book.matrices(["a"]) is not before  # a new transfer refreshes the matrices
+
+
+def test_a_timed_model_from_nowhere_is_refused_with_the_reason() -> None:
+    book = LinkBook(20e6)
+    devices = {"a": None, "b": None}
+    assert book.add_inbound("b", InboundTransfer("a", 1_000_000, 1.0), devices) is None
+    assert book.add_inbound("b", InboundTransfer("server", 1_000_000, 2.0), devices) is None
+    for spoofed in ("b", "ghost"):  # itself, or a device that is not registered
+        why = book.add_inbound("b", InboundTransfer(spoofed, 1_000_000, 0.001), devices)
+        assert why is not None and repr(spoofed) in why and "neither the server nor another device" in why
+    assert book.transfer_bps() == {("a", "b"): 8e6, ("server", "b"): 4e6}
+
+
+def test_a_large_site_probes_at_most_256_peers_each_and_every_pair_one_way() -> None:
+    online = [f"d{i:03d}" for i in range(300)]
+    plans = [probe_peers(online, k) for k in range(len(online))]
+    assert all(len(p) == MAX_PROBE_PEERS == 256 for p in plans)  # the request's limit
+    assert all(online[k] not in p for k, p in enumerate(plans))
+    assert plans[0][0] == "d001" and plans[299][0] == "d000"  # each starts after itself: slices differ
+    probed = {(online[k], peer) for k, p in enumerate(plans) for peer in p}
+    assert all((a, b) in probed or (b, a) in probed for a in online for b in online if a != b)
+    assert probe_peers(online[:4], 1) == ("d002", "d003", "d000")  # a small site: everyone

@@ -3,7 +3,9 @@
 shaped to a clearly different bandwidth with ``tbf`` (site c also delayed by the relay),
 the broker and the coordinator on their own hosts. Nothing tells covey the topology:
 ``covey server run`` measures Γ and RTT, stores them in results.json, and DSC's primary
-groups on the measured Γ are the three sites (adjusted Rand index 1.0).
+groups on the measured Γ are the three sites (adjusted Rand index 1.0). After the round,
+Γ's diagonal is the goodput of the models the devices uploaded, timed by the server:
+it matches each site's shaped bandwidth.
 
 Everything runs in network namespaces the command creates and removes, also on failure.
 """
@@ -50,8 +52,13 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     src = np.array(links["snr_source"], dtype=object)
     off = ~np.eye(len(ids), dtype=bool)
     # every entry measured, or (a probe lost or timed implausibly fast) the other direction's
-    assert set(src[off]) <= {"measured", "reverse"} and (np.diag(src) == "measured").all(), links["counts"]
+    assert set(src[off]) <= {"measured", "reverse"}, links["counts"]
     assert (src[off] == "measured").mean() >= 0.9, links["counts"]
+    # the diagonal: the round's uploads, each at its site's shaped rate (tbf: 128, 32, 8 Mbit/s)
+    assert (np.diag(src) == "transfer").all(), links["counts"]
+    upload_bps = links["bandwidth_hz"] * np.log2(1 + 10 ** (np.diag(np.array(links["snr_db"], float)) / 10))
+    shaped = np.repeat([128e6, 32e6, 8e6], 4)
+    assert (np.abs(upload_bps / shaped - 1) < 0.25).all(), (upload_bps / 1e6).round(1)
     by_site = {s["site"]: s for s in report["sites"]}
     snr = [by_site[s]["measured_snr_db"] for s in "abc"]
     assert snr[0] > snr[1] > snr[2], by_site  # the faster the link, the higher its SNR
