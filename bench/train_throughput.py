@@ -13,7 +13,9 @@ runs estimates each side's undisturbed speed alike; the ratio of medians is
 printed beside it and kept in ``--json``. The LiteRT child never imports TensorFlow, and it does what a
 device does: it loads the artifact devices download (the model without initial
 values, ``server/artifact.py``), sets the start weights a train request brings, and
-trains. Its peak RSS is the peak memory of a device-side training process.
+trains into their buffer (``reuse_start``), as an agent does when nothing needs the start
+model afterwards (fp32 and fp16 runs; ``keep_start`` in docs/protocol.md). Its peak RSS
+is the peak memory of a device-side training process.
 
 Prints one line per figure::
 
@@ -67,8 +69,9 @@ def _litert_child(model_path: str, start_path: str, batch: int, threads: int, se
     model = TFLiteModel(model_path, num_threads=threads)
     x, y = _data(model.manifest.input_shape, model.manifest.n_classes)
     start_weights = np.load(start_path)
-    # warm-up (tensor allocation) from the start weights, as a train request brings them
-    model.train(x, y, batch_size=batch, lr=0.001, max_steps=5, seed=0, initial_weights=start_weights)
+    # warm-up (tensor allocation) from the start weights, as a train request brings them;
+    # the result takes their buffer, as on a device that needs the start model no more
+    model.train(x, y, batch_size=batch, lr=0.001, max_steps=5, seed=0, initial_weights=start_weights, reuse_start=True)
     del start_weights
     steps = 10
     result = None

@@ -89,6 +89,10 @@ class TaskRunner:
         ``key``: the sha256 of the payload ``weights`` came in (the base an ``int8``
         output names); ``inbound``: how fast it arrived, reported with the result."""
         start = time.perf_counter()
+        # nothing needs the start model after training unless an int8 output is a delta
+        # against it or the server's next start model will be (keep_start): then the
+        # result may take its buffer, one model less at the device's memory peak
+        reuse = request.codec not in DELTA_CODECS and not request.keep_start
         out = self._in_worker(
             train_locally,
             self.model,
@@ -98,6 +102,7 @@ class TaskRunner:
             seed=request.seed,
             rnd=rnd,
             device_id=self.me,
+            reuse_start=reuse,
         )
         seconds = time.perf_counter() - start
         self.trained += 1

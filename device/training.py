@@ -60,8 +60,10 @@ def train_locally(
     seed: int,
     rnd: int,
     device_id: str,
+    reuse_start: bool = False,
 ) -> TrainOutcome:
-    """Local SGD (FedProx with ``settings.mu > 0``) from ``start`` on ``data``."""
+    """Local SGD (FedProx with ``settings.mu > 0``) from ``start`` on ``data``;
+    ``reuse_start``: the caller gives ``start`` up and the result may take its buffer."""
     if len(data) == 0:
         return TrainOutcome(np.asarray(start, np.float32), 0, float("nan"), 0)
     res = model.train(
@@ -74,6 +76,7 @@ def train_locally(
         max_steps=settings.max_steps,
         seed=task_rng(seed, rnd, device_id, Purpose.TRAIN),
         initial_weights=start,
+        reuse_start=reuse_start,
     )
     return TrainOutcome(res.weights, res.n_samples, res.mean_loss, res.n_steps)
 

@@ -61,9 +61,10 @@ class _Task:
 
 
 class WaitingTasks:
-    """Waiting requests, and the last model the server sent for a training task (the
-    base of the server's next ``int8`` downlink delta, ``server/downlink.py``): kept by
-    reference, it is the start model the device trains from, not an extra copy."""
+    """Waiting requests, and the last model the server sent for a training task whose
+    request says ``keep_start`` (the base of the server's next ``int8`` downlink delta,
+    ``server/downlink.py``): kept by reference, it is the start model the device trains
+    from, not an extra copy."""
 
     def __init__(self) -> None:
         self._tasks: dict[str, _Task] = {}
@@ -123,6 +124,8 @@ class WaitingTasks:
                 continue
             del self._tasks[task_id]
             if isinstance(request, TrainRequest) and h.sender == SERVER_ID:
-                self.held = {h.sha256: weights}
+                # the base of the server's next int8 delta; in other runs nothing to keep
+                # (and the task may train into the buffer: device/tasks.py)
+                self.held = {h.sha256: weights} if request.keep_start else {}
             ready.append(Ready(request, task.round, weights=weights, key=h.sha256, inbound=inbound_of(payload)))
         return ready

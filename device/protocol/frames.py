@@ -389,11 +389,25 @@ class Reassembler:
         timing = None
         if header.n_chunks > 1:
             timing = TransferTiming(header.nbytes - first_bytes, max(0.0, arrived - first_at))
-        data = parts[0] if header.n_chunks == 1 else memoryview(b"".join(parts[i] for i in range(header.n_chunks)))
+        data = parts[0] if header.n_chunks == 1 else _join_releasing(parts, header)
         if hashlib.sha256(data).hexdigest() != header.sha256:
             raise ProtocolError(f"payload sha256 mismatch for message {header.msg_id}: corrupted in transit")
         array = np.frombuffer(data, dtype=np.dtype(DTYPES[header.dtype]).newbyteorder("<")).reshape(header.shape)
         return Payload(first, array.astype(DTYPES[header.dtype], copy=False), timing)
+
+
+def _join_releasing(parts: dict[int, memoryview], header: FrameHeader) -> memoryview:
+    """The chunks of one payload in one writable buffer, each chunk let go of once
+    copied: joining adds one chunk to the memory a payload takes, not a second payload
+    (26 MB for the FEMNIST CNN on a device). The buffer is writable, so a device can
+    train into the start model it holds (``TFLiteModel.train(reuse_start=True)``)."""
+    out = np.empty(header.nbytes, np.uint8)
+    for index in range(header.n_chunks):
+        chunk = parts.pop(index)
+        start = index * header.chunk_size
+        out[start : start + len(chunk)] = np.frombuffer(chunk, np.uint8)
+        chunk.release()  # the frame it came in can go now (nothing else holds it once read)
+    return out.data
 
 
 def check_weights(payload: Payload, n_params: int, bases: Mapping[str, np.ndarray] | None = None) -> np.ndarray:

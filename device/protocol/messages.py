@@ -208,7 +208,11 @@ class TrainRequest:
     hand-offs, from the predecessor device on ``device/<id>/frames/from/<predecessor>``
     (the server may also send it when the predecessor was skipped). ``codec``: how to
     send the output (``device/protocol/codecs.py``); an ``int8`` output is a delta
-    against the model that arrived for this task."""
+    against the model that arrived for this task. ``keep_start``: the server may send
+    this device's next start model as an ``int8`` delta against this one
+    (``server/downlink.py``), so the device keeps it; otherwise the device may train
+    into its buffer (``TFLiteModel.train(reuse_start=True)``), one model less at its
+    memory peak."""
 
     task_id: TaskId
     group: Count
@@ -220,6 +224,7 @@ class TrainRequest:
     seed: Count
     shared: ModelKeys = ()
     codec: FrameCodec = "raw"
+    keep_start: bool = False
 
 
 @dataclass(frozen=True)

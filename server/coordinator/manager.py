@@ -155,6 +155,7 @@ class GroupManager:
             seed=self.seed,
             shared=(self.shared_key,) if self.shared_key is not None and not self._own_frame(member) else (),
             codec=self.upload,
+            keep_start=self.downlinks is not None,  # its next start model may be a delta against this one
         )
         msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
         self.publish(self.topics.inbox(member.device), msg.encode(), False)

@@ -182,6 +182,30 @@ def test_priming_the_fold_in_arena_leaves_training_unchanged(zoo_model) -> None:
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("name", ["mclr_synthetic", "cnn_femnist"])
+def test_training_into_the_start_buffer_gives_the_same_weights_in_that_buffer(zoo_model, name: str) -> None:
+    """``reuse_start``: the result takes the start's buffer (one model less at the peak)
+    and is bit for bit the result of training into a new one; a buffer that cannot hold
+    it (read-only, another dtype) is left alone."""
+    model = TFLiteModel(zoo_model(name))
+    rng = np.random.default_rng(3)
+    x = rng.random((40, *model.manifest.input_shape), dtype=np.float32)
+    y = rng.integers(0, model.manifest.n_classes, 40)
+    start = rng.normal(scale=0.05, size=model.n_params).astype(np.float32)
+    given = start.copy()
+    frozen = start.copy()
+    frozen.flags.writeable = False
+
+    fresh = model.train(x, y, epochs=2, batch_size=8, lr=0.05, seed=4, initial_weights=start).weights
+    reused = model.train(x, y, epochs=2, batch_size=8, lr=0.05, seed=4, initial_weights=given, reuse_start=True)
+    kept = model.train(x, y, epochs=2, batch_size=8, lr=0.05, seed=4, initial_weights=frozen, reuse_start=True)
+
+    assert reused.weights is given and not np.array_equal(given, start)
+    np.testing.assert_array_equal(reused.weights, fresh)
+    assert kept.weights is not frozen and np.array_equal(frozen, start)
+    np.testing.assert_array_equal(kept.weights, fresh)
+
+
 def test_weights_survive_a_batch_size_change(zoo_model) -> None:
     """Resizing inputs (last partial batch) must not reset the variables."""
     model = TFLiteModel(zoo_model("mlp_mnist"))

@@ -47,6 +47,9 @@ def test_a_chunked_payload_is_timed_from_its_first_chunk_to_its_last() -> None:
     assert payload is not None and payload.timing is not None
     assert payload.timing.nbytes == 30_000 and payload.timing.seconds == pytest.approx(0.3)
     assert payload.timing.goodput_bps == pytest.approx(8 * 30_000 / 0.3)
+    # joined into one writable buffer (a device may train into it), the chunks let go of
+    assert payload.array.flags.writeable and payload.array.base is not None
+    np.testing.assert_array_equal(payload.array.view(np.float32), np.arange(10_000, dtype=np.float32))
 
 
 def test_one_chunk_or_chunks_too_close_to_time_give_no_goodput() -> None:

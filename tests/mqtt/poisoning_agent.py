@@ -27,11 +27,12 @@ _train = tasks.TaskRunner.train
 
 def _boosted_train(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.ndarray, *rest: Any) -> None:
     in_worker = self._in_worker
+    start = weights.copy()  # the runner may train into the start model's buffer (reuse_start)
 
     def boosted(fn: Any, *args: Any, **kwargs: Any) -> Any:
         out = in_worker(fn, *args, **kwargs)
         if fn is train_locally:  # the trained model, before it is handed on or returned
-            return replace(out, weights=scale_update(weights, out.weights, SCALE))
+            return replace(out, weights=scale_update(start, out.weights, SCALE))
         return out
 
     self._in_worker = boosted

@@ -28,9 +28,12 @@ def _model(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.1, N).astype(np.float32)
 
 
-def _deliver(waiting: WaitingTasks, down: Downlink, task_id: str) -> np.ndarray:
-    """``down`` as a device gets it: a train request, then the model frame(s)."""
-    request = TrainRequest(task_id, 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 5, 0.01), 0)
+def _deliver(waiting: WaitingTasks, down: Downlink, task_id: str, keep_start: bool = True) -> np.ndarray:
+    """``down`` as a device gets it: a train request (of an int8 run: ``keep_start``),
+    then the model frame(s)."""
+    request = TrainRequest(
+        task_id, 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 5, 0.01), 0, keep_start=keep_start
+    )
     waiting.add(request, 1)
     frames = encode_frames(
         down.payload,
@@ -66,6 +69,14 @@ def test_a_device_that_answered_gets_the_next_model_as_a_delta_and_decodes_what_
     assert np.array_equal(got, second.received)  # bit for bit what the server will delta against next
     assert np.abs(got - target).max() <= np.abs(target - first.received).max() / 255  # one step
     assert list(device.held) == [second.key]  # the device keeps only the latest
+
+
+def test_a_device_keeps_its_start_model_only_when_the_next_may_be_a_delta_against_it() -> None:
+    server, device = DownlinkModels("fp16", deltas=False), WaitingTasks()
+    full = server.encode("dev1", _model(0))
+    weights = _deliver(device, full, "t1", keep_start=False)  # an fp16 run: no deltas will come
+    assert device.held == {}  # nothing references the start model: the task may train into it
+    assert weights.flags.writeable
 
 
 def test_a_full_model_goes_when_the_server_cannot_know_what_the_device_holds() -> None:
@@ -146,3 +157,22 @@ def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broad
     bodies = [decode_message(data).body for t, data in sent if t in (topics.inbox("dev1"), topics.inbox("dev2"))]
     requests = [b for b in bodies if isinstance(b, TrainRequest)]
     assert [r.shared for r in requests] == [(), (second.shared_key,)]  # dev2 is not known: the broadcast
+    assert all(r.keep_start for r in requests)  # an int8 run: the next start model may be a delta
+
+
+def test_devices_that_hold_the_same_model_get_one_encoding_of_the_next() -> None:
+    server, a, b = DownlinkModels("fp16", deltas=True), WaitingTasks(), WaitingTasks()
+    first = server.encode("dev1", _model(0))
+    assert server.encode("dev2", _model(0)) is first  # the same full model: encoded once
+    for device, waiting, task in (("dev1", a, "t1"), ("dev2", b, "t2")):
+        server.sent(device, task, first.key)
+        _deliver(waiting, first, task)
+        server.confirm(device, task)
+    target = _model(0) + 0.01 * _model(1)
+
+    one, two = server.encode("dev1", target), server.encode("dev2", target.copy())
+
+    assert two is one and one.base == first.key  # both hold first's model: one delta for both
+    changed = target.copy()
+    changed[0] += 1.0
+    assert server.encode("dev1", changed) is not one  # a different model is encoded anew
