@@ -58,6 +58,10 @@ class DownlinkModels:
         self._models: OrderedDict[str, np.ndarray] = OrderedDict()
         self._held: dict[str, str] = {}  # device -> key it confirmed holding
         self._sent: dict[str, tuple[str, str]] = {}  # device -> (task id, key) sent, not yet confirmed
+        # this round's encodings by base (None: the full model), for the weights they encode:
+        # devices that hold the same model get the same payload, quantised and deflated once
+        self._encoded: dict[str | None, Downlink] = {}
+        self._encoded_for: np.ndarray | None = None
 
     def _keep(self, key: str, model: np.ndarray) -> None:
         self._models[key] = model
@@ -74,6 +78,13 @@ class DownlinkModels:
         """``weights`` as they go to ``device``: a delta against its held model if the
         cache has it (``int8`` runs), the full model otherwise."""
         base = self.base_of(device) if self.deltas else None
+        if self._encoded_for is None or not np.array_equal(weights, self._encoded_for):  # a new model
+            self._encoded, self._encoded_for = {}, np.array(weights, np.float32, copy=True)
+        done = self._encoded.get(base)
+        if done is not None:  # another device holds the same model: the same payload (no work)
+            if base is not None:
+                self._models.move_to_end(base)
+            return done
         if base is not None:
             held = self._models[base]
             self._models.move_to_end(base)
@@ -85,6 +96,7 @@ class DownlinkModels:
             down = Downlink(payload, self.full, None, payload_key(payload), decode(payload, self.full))
         if self.deltas:
             self._keep(down.key, down.received)
+        self._encoded[base] = down
         return down
 
     def sent(self, device: str, task_id: str, key: str) -> None:

@@ -188,9 +188,13 @@ def dequantise(payload: np.ndarray) -> np.ndarray:
     scale, lo = head[:nb], head[nb:]
     if not (np.isfinite(head).all() and (scale >= 0).all()):
         raise ProtocolError("an int8 payload holds a negative or non-finite scale or offset (corrupt)")
-    codes = raw[8 * nb :].astype(np.float32)
-    block = np.arange(n) // BLOCK
-    out = lo[block] + codes * scale[block]
+    codes = raw[8 * nb :]
+    if n % BLOCK:  # the last block padded to a whole one: every block then scales as a row
+        codes = np.concatenate([codes, np.zeros(nb * BLOCK - n, np.uint8)])
+    blocks = codes.reshape(nb, BLOCK).astype(np.float32)
+    blocks *= scale[:, None]  # lo + q * s, as in the module docstring, one block per row
+    blocks += lo[:, None]
+    out = blocks.reshape(-1)[:n]
     if not np.isfinite(out).all():
         raise ProtocolError("an int8 payload decodes to non-finite values (corrupt)")
     return out
@@ -261,4 +265,5 @@ def decode(encoded: np.ndarray, codec: str, base: np.ndarray | None = None) -> n
     delta = dequantise(unpack(arr, np.asarray(base).size) if codec == "int8z" else arr)
     if delta.size != np.asarray(base).size:
         raise ProtocolError(f"an int8 delta of {delta.size} values against a base of {np.asarray(base).size}")
-    return (np.asarray(base, np.float32).reshape(-1) + delta).astype(np.float32)
+    delta += np.asarray(base, np.float32).reshape(-1)  # the base plus the delta, in place of the delta
+    return delta
