@@ -16,12 +16,14 @@ machine can, and why not.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +66,17 @@ class Host:
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this host's namespace."""
         return ["ip", "netns", "exec", self.netns, *argv]
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Block SIGINT and SIGTERM in this thread for the block (pending ones arrive after)."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 @dataclass
@@ -165,6 +178,13 @@ class Lab:
             raise TransportError(f"nothing accepted connections on {ip}:{port} from {host.name} within {timeout:g} s")
 
     def close(self) -> None:
+        """Stop every process the lab started and remove its namespaces. SIGINT and
+        SIGTERM wait until it is done (a second Ctrl-C, or a parent that dies and a
+        signal that follows, once left namespaces behind); they are delivered after."""
+        with _signals_held():
+            self._close()
+
+    def _close(self) -> None:
         for proc in self.processes:
             if proc.poll() is None:
                 proc.terminate()

@@ -3,13 +3,17 @@ shaped with tbf, and everything the lab made is gone afterwards, even after a fa
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from server.field.netns import Lab, available, leftovers
 
+REPO = Path(__file__).resolve().parents[3]
 OK, WHY = available()
 pytestmark = pytest.mark.skipif(not OK, reason=f"network namespaces unavailable here: {WHY}")
 
@@ -53,3 +57,50 @@ def test_the_lab_is_removed_when_the_test_fails() -> None:
         lab.add_host("x")
         raise RuntimeError("boom")
     assert not [n for n in leftovers() if lab.tag in n]
+
+
+STUBBORN = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+CLOSER = """
+import sys, time
+from pathlib import Path
+from server.field.netns import Lab
+class Announced(Lab):
+    def _close(self) -> None:  # inside close(): say so, then clean up
+        print(self.tag, flush=True)
+        super()._close()
+
+lab = Announced()
+host = lab.add_host("x")
+lab.start(host, [sys.executable, "-c", {stubborn!r}], log=Path({log!r}))
+while "up" not in Path({log!r}).read_text():
+    time.sleep(0.05)
+try:
+    lab.close()  # waits 10 s for the process that ignores SIGTERM, then kills it
+finally:
+    print("closed", flush=True)
+"""
+
+
+def test_a_second_interrupt_during_cleanup_still_removes_the_lab(tmp_path) -> None:
+    # Prepare: a lab whose cleanup takes a while (a process that ignores SIGTERM)
+    log = tmp_path / "stubborn.log"
+    log.write_text("")
+    code = CLOSER.format(stubborn=STUBBORN, log=str(log))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert proc.stdout is not None
+    tag = proc.stdout.readline().strip()
+    assert tag and [n for n in leftovers() if tag in n], "the lab was not built"
+
+    # Execute: Ctrl-C while it cleans up (it printed its tag from inside close())
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[0]
+
+    # Assert: the cleanup finished first; the interrupt came after it
+    assert "closed" in rest and proc.returncode != 0
+    assert not [n for n in leftovers() if tag in n], leftovers()
