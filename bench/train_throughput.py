@@ -14,7 +14,7 @@ printed beside it and kept in ``--json``. The LiteRT child never imports TensorF
 device does: it loads the artifact devices download (the model without initial
 values, ``server/artifact.py``), sets the start weights a train request brings, and
 trains into their buffer (``reuse_start``), as an agent does when nothing needs the start
-model afterwards (fp32 and fp16 runs; ``keep_start`` in docs/protocol.md). Its peak RSS
+model afterwards (fp32 and fp16 runs; ``discard_start`` in docs/protocol.md). Its peak RSS
 is the peak memory of a device-side training process.
 
 Prints one line per figure::

@@ -355,7 +355,7 @@ class Agent:
                     runner.pretrain(task.request, task.round, task.weights)
                 else:
                     assert task.weights is not None
-                    runner.train(task.request, task.round, task.weights, task.key, task.inbound)
+                    runner.train(task.request, task.round, task.weights, task.key, task.inbound, task.exclusive)
         finally:
             self._drop_unused_shared()
 

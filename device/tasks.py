@@ -83,16 +83,19 @@ class TaskRunner:
         weights: np.ndarray,
         key: str = "",
         inbound: InboundTransfer | None = None,
+        exclusive: bool = False,
     ) -> None:
         """Train, hand the output on, then report at once (the server waits on both).
 
         ``key``: the sha256 of the payload ``weights`` came in (the base an ``int8``
-        output names); ``inbound``: how fast it arrived, reported with the result."""
+        output names); ``inbound``: how fast it arrived, reported with the result;
+        ``exclusive``: no other task holds ``weights``, so training may write into them."""
         start = time.perf_counter()
-        # nothing needs the start model after training unless an int8 output is a delta
-        # against it or the server's next start model will be (keep_start): then the
-        # result may take its buffer, one model less at the device's memory peak
-        reuse = request.codec not in DELTA_CODECS and not request.keep_start
+        # nothing needs the start model after training unless another task holds it, an
+        # int8 output is a delta against it or the server's next start model will be
+        # (unless it says discard_start): otherwise the result takes its buffer, one model
+        # less at the peak
+        reuse = exclusive and request.codec not in DELTA_CODECS and request.discard_start
         out = self._in_worker(
             train_locally,
             self.model,

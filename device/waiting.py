@@ -50,6 +50,7 @@ class Ready:
     weights: np.ndarray | None = field(default=None, repr=False)  # train / pretrain
     key: str = ""  # the sha256 of the payload the weights came in: the base of an int8 output
     inbound: InboundTransfer | None = None  # how fast that payload arrived, when it could be timed
+    exclusive: bool = True  # no other task got the same array (a shared model may serve several)
     models: dict[int, np.ndarray] = field(default_factory=dict, repr=False)  # evaluate: index -> model
 
 
@@ -62,7 +63,7 @@ class _Task:
 
 class WaitingTasks:
     """Waiting requests, and the last model the server sent for a training task whose
-    request says ``keep_start`` (the base of the server's next ``int8`` downlink delta,
+    request does not say ``discard_start`` (the base of the server's next ``int8`` downlink delta,
     ``server/downlink.py``): kept by reference, it is the start model the device trains
     from, not an extra copy."""
 
@@ -126,6 +127,15 @@ class WaitingTasks:
             if isinstance(request, TrainRequest) and h.sender == SERVER_ID:
                 # the base of the server's next int8 delta; in other runs nothing to keep
                 # (and the task may train into the buffer: device/tasks.py)
-                self.held = {h.sha256: weights} if request.keep_start else {}
-            ready.append(Ready(request, task.round, weights=weights, key=h.sha256, inbound=inbound_of(payload)))
+                self.held = {} if request.discard_start else {h.sha256: weights}
+            ready.append(
+                Ready(
+                    request,
+                    task.round,
+                    weights=weights,
+                    key=h.sha256,
+                    inbound=inbound_of(payload),
+                    exclusive=len(targets) == 1,
+                )
+            )
         return ready

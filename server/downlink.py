@@ -84,6 +84,8 @@ class DownlinkModels:
         if done is not None:  # another device holds the same model: the same payload (no work)
             if base is not None:
                 self._models.move_to_end(base)
+            if self.deltas:  # what this device will hold, kept as for the first one
+                self._keep(done.key, done.received)
             return done
         if base is not None:
             held = self._models[base]

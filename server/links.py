@@ -171,8 +171,9 @@ def build_link_matrices(
     bandwidth_hz : ``B`` of Shannon's capacity for the effective SNR.
     transfer_bps : goodput (bit/s) of the models that crossed a path, by ``(sender,
         receiver)``; the server is :data:`device.protocol.SERVER_ID`. It takes precedence
-        over that path's probe; the diagonal is the device's upload (device to server),
-        else the server's downlink to it (marked ``reverse``).
+        over that path's probe; the diagonal is the device's uploads (device to server),
+        else its probe to the server, else the server's start models to it (marked
+        ``reverse``), else its Wi-Fi SNR.
 
     Returns
     -------
@@ -299,13 +300,13 @@ class LinkBook:
         self._version += 1
         return bps
 
-    def add_inbound(self, receiver: str, inbound: InboundTransfer, devices: Collection[str]) -> str | None:
-        """Count the transfer ``receiver`` timed (its start model, from the server or its
-        predecessor); a reason instead when the source is neither the server nor another
-        of ``devices`` (the registered ones): such a path cannot be placed in Γ."""
+    def add_inbound(self, receiver: str, inbound: InboundTransfer, sources: Collection[str]) -> str | None:
+        """Count the transfer ``receiver`` timed (its start model); a reason instead when
+        the source is not one of ``sources``, who may have sent it that model (the server,
+        and with direct hand-offs its predecessor): no device can write other paths."""
         source = inbound.source
-        if source != SERVER_ID and (source == receiver or source not in devices):
-            return f"{receiver} timed a model from {source!r}, which is neither the server nor another device"
+        if source == receiver or source not in sources:
+            return f"{receiver} timed a model from {source!r}, which did not send it one (expected {sorted(sources)})"
         self.add_transfer(source, receiver, inbound.nbytes, inbound.seconds)
         return None
 

@@ -208,11 +208,11 @@ class TrainRequest:
     hand-offs, from the predecessor device on ``device/<id>/frames/from/<predecessor>``
     (the server may also send it when the predecessor was skipped). ``codec``: how to
     send the output (``device/protocol/codecs.py``); an ``int8`` output is a delta
-    against the model that arrived for this task. ``keep_start``: the server may send
-    this device's next start model as an ``int8`` delta against this one
-    (``server/downlink.py``), so the device keeps it; otherwise the device may train
-    into its buffer (``TFLiteModel.train(reuse_start=True)``), one model less at its
-    memory peak."""
+    against the model that arrived for this task. ``discard_start``: the server will
+    never send a start model as an ``int8`` delta against this one (runs other than
+    ``int8``, ``server/downlink.py``), so the device need not keep it and may train into
+    its buffer (``TFLiteModel.train(reuse_start=True)``), one model less at its memory
+    peak. Absent (a coordinator that predates it): the device keeps it, which is safe."""
 
     task_id: TaskId
     group: Count
@@ -224,7 +224,7 @@ class TrainRequest:
     seed: Count
     shared: ModelKeys = ()
     codec: FrameCodec = "raw"
-    keep_start: bool = False
+    discard_start: bool = False
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,10 @@ class RoundExecution:
             return "accepted"
         return "duplicate" if any(m.knows(device, result.task_id) for m in self.managers) else "unexpected"
 
+    def model_sources(self, device: str, task_id: str) -> frozenset[str]:
+        """Who may have sent ``device`` the start model of ``task_id`` this round."""
+        return frozenset().union(*(m.model_sources(device, task_id) for m in self.managers))
+
     def on_frame(self, payload: Payload, weights: np.ndarray) -> Outcome:
         now = time.monotonic()
         h = payload.header

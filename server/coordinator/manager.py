@@ -136,6 +136,15 @@ class GroupManager:
             return DeviceHop(successor.device, successor.task_id)
         return ManagerHop(self.plan.group_id)
 
+    def model_sources(self, device: str, task_id: str) -> frozenset[str]:
+        """Who may have sent ``device`` the model of ``task_id``: the server, and with
+        direct hand-offs its predecessor (empty: not this group's task)."""
+        for i, m in enumerate(self.members):
+            if m.device == device and m.task_id == task_id:
+                direct = self.plan.mode == "chain" and self.handoff == "direct" and i > 0
+                return frozenset({SERVER_ID, self.members[i - 1].device} if direct else {SERVER_ID})
+        return frozenset()
+
     def _own_frame(self, member: _Member) -> bool:
         """Whether ``member`` gets its start model by its own frame rather than the shared
         broadcast: it held a model the server knows when the round started (a delta)."""
@@ -155,7 +164,7 @@ class GroupManager:
             seed=self.seed,
             shared=(self.shared_key,) if self.shared_key is not None and not self._own_frame(member) else (),
             codec=self.upload,
-            keep_start=self.downlinks is not None,  # its next start model may be a delta against this one
+            discard_start=self.downlinks is None,  # no int8 downlink delta will name this start model
         )
         msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
         self.publish(self.topics.inbox(member.device), msg.encode(), False)

@@ -22,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -70,13 +71,24 @@ class Host:
 
 @contextlib.contextmanager
 def _signals_held() -> Iterator[None]:
-    """Block SIGINT and SIGTERM in this thread for the block (pending ones arrive after)."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    """SIGINT and SIGTERM wait for the block: their handlers are swapped for one that
+    notes them, and each noted signal is raised again once the old handlers are back.
+    (Blocking them with a signal mask would cover this thread only; the kernel may hand
+    a signal to another thread, and Python still runs its handler here.) Outside the
+    main thread, where handlers cannot be set, the block just runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda signum, _frame: noted.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)
 
 
 @dataclass
@@ -179,8 +191,9 @@ class Lab:
 
     def close(self) -> None:
         """Stop every process the lab started and remove its namespaces. SIGINT and
-        SIGTERM wait until it is done (a second Ctrl-C, or a parent that dies and a
-        signal that follows, once left namespaces behind); they are delivered after."""
+        SIGTERM wait until it is done (a second Ctrl-C during cleanup once left
+        namespaces behind); they are raised again after. Nothing long-lived may start
+        in here."""
         with _signals_held():
             self._close()
 

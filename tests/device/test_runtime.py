@@ -186,7 +186,7 @@ def test_priming_the_fold_in_arena_leaves_training_unchanged(zoo_model) -> None:
 def test_training_into_the_start_buffer_gives_the_same_weights_in_that_buffer(zoo_model, name: str) -> None:
     """``reuse_start``: the result takes the start's buffer (one model less at the peak)
     and is bit for bit the result of training into a new one; a buffer that cannot hold
-    it (read-only, another dtype) is left alone."""
+    it (here: read-only) is left alone."""
     model = TFLiteModel(zoo_model(name))
     rng = np.random.default_rng(3)
     x = rng.random((40, *model.manifest.input_shape), dtype=np.float32)

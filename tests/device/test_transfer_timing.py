@@ -12,6 +12,7 @@ import pytest
 from device.errors import ProtocolError
 from device.protocol import (
     SERVER_ID,
+    EvaluateRequest,
     FrameExtra,
     InboundTransfer,
     Message,
@@ -21,7 +22,7 @@ from device.protocol import (
     decode_message,
     encode_frames,
 )
-from device.protocol.messages import DeviceHop, LocalTraining
+from device.protocol.messages import DeviceHop, LocalTraining, ManagerHop
 from device.waiting import WaitingTasks, inbound_of
 
 
@@ -48,7 +49,7 @@ def test_a_chunked_payload_is_timed_from_its_first_chunk_to_its_last() -> None:
     assert payload.timing.nbytes == 30_000 and payload.timing.seconds == pytest.approx(0.3)
     assert payload.timing.goodput_bps == pytest.approx(8 * 30_000 / 0.3)
     # joined into one writable buffer (a device may train into it), the chunks let go of
-    assert payload.array.flags.writeable and payload.array.base is not None
+    assert payload.array.flags.writeable and r.held_bytes == 0
     np.testing.assert_array_equal(payload.array.view(np.float32), np.arange(10_000, dtype=np.float32))
 
 
@@ -97,3 +98,30 @@ def test_garbage_transfer_figures_are_refused_with_the_reason(field: str, value:
     raw["body"]["inbound"][field] = value
     with pytest.raises(ProtocolError, match=why):
         decode_message(json.dumps(raw).encode())
+
+
+def test_a_shared_model_that_serves_two_tasks_is_trained_into_by_neither() -> None:
+    # Prepare: a train task and an evaluation wait for the same shared start model
+    train = TrainRequest("t1", 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 10, 0.1), 1, shared=("k1",))
+    waiting = WaitingTasks()
+    waiting.add(train, 1)
+    waiting.add(EvaluateRequest("e1", 1, "test", shared=("k1",)), 1)
+    frames = list(
+        encode_frames(
+            np.arange(100, dtype=np.float32),
+            kind="model",
+            run="r",
+            round=1,
+            group=0,
+            sender=SERVER_ID,
+            extra=FrameExtra(shared="k1"),
+        )
+    )
+
+    # Execute
+    ready = waiting.accept(Reassembler().add(frames[0]), 100)  # type: ignore[arg-type]
+
+    # Assert: both got it; the training may not write into what the evaluation reads
+    by_task = {r.request.task_id: r for r in ready}
+    assert set(by_task) == {"t1", "e1"}
+    assert np.shares_memory(by_task["t1"].weights, by_task["e1"].models[0]) and not by_task["t1"].exclusive

@@ -28,11 +28,11 @@ def _model(seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.1, N).astype(np.float32)
 
 
-def _deliver(waiting: WaitingTasks, down: Downlink, task_id: str, keep_start: bool = True) -> np.ndarray:
-    """``down`` as a device gets it: a train request (of an int8 run: ``keep_start``),
-    then the model frame(s)."""
+def _deliver(waiting: WaitingTasks, down: Downlink, task_id: str, discard_start: bool = False) -> np.ndarray:
+    """``down`` as a device gets it: a train request (in other than int8 runs:
+    ``discard_start``), then the model frame(s)."""
     request = TrainRequest(
-        task_id, 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 5, 0.01), 0, keep_start=keep_start
+        task_id, 0, 0, "parallel", SERVER_ID, ManagerHop(0), LocalTraining(1, 5, 0.01), 0, discard_start=discard_start
     )
     waiting.add(request, 1)
     frames = encode_frames(
@@ -74,9 +74,10 @@ def test_a_device_that_answered_gets_the_next_model_as_a_delta_and_decodes_what_
 def test_a_device_keeps_its_start_model_only_when_the_next_may_be_a_delta_against_it() -> None:
     server, device = DownlinkModels("fp16", deltas=False), WaitingTasks()
     full = server.encode("dev1", _model(0))
-    weights = _deliver(device, full, "t1", keep_start=False)  # an fp16 run: no deltas will come
+    _deliver(device, full, "t1", discard_start=True)  # an fp16 run: no deltas will come
     assert device.held == {}  # nothing references the start model: the task may train into it
-    assert weights.flags.writeable
+    _deliver(device, full, "t2")  # a coordinator that does not say so: the device keeps it
+    assert list(device.held) == [full.key]
 
 
 def test_a_full_model_goes_when_the_server_cannot_know_what_the_device_holds() -> None:
@@ -157,7 +158,7 @@ def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broad
     bodies = [decode_message(data).body for t, data in sent if t in (topics.inbox("dev1"), topics.inbox("dev2"))]
     requests = [b for b in bodies if isinstance(b, TrainRequest)]
     assert [r.shared for r in requests] == [(), (second.shared_key,)]  # dev2 is not known: the broadcast
-    assert all(r.keep_start for r in requests)  # an int8 run: the next start model may be a delta
+    assert not any(r.discard_start for r in requests)  # an int8 run: the next start model may be a delta
 
 
 def test_devices_that_hold_the_same_model_get_one_encoding_of_the_next() -> None:

@@ -120,14 +120,14 @@ def test_a_path_stands_for_its_latest_transfers_and_nonsense_is_not_counted() ->
     assert book.matrices(["a"]) is not before  # a new transfer refreshes the matrices
 
 
-def test_a_timed_model_from_nowhere_is_refused_with_the_reason() -> None:
+def test_a_timed_model_from_anyone_but_its_sender_is_refused_with_the_reason() -> None:
     book = LinkBook(20e6)
-    devices = {"a": None, "b": None}
-    assert book.add_inbound("b", InboundTransfer("a", 1_000_000, 1.0), devices) is None
-    assert book.add_inbound("b", InboundTransfer("server", 1_000_000, 2.0), devices) is None
-    for spoofed in ("b", "ghost"):  # itself, or a device that is not registered
-        why = book.add_inbound("b", InboundTransfer(spoofed, 1_000_000, 0.001), devices)
-        assert why is not None and repr(spoofed) in why and "neither the server nor another device" in why
+    sources = {"server", "a"}  # b's task: the server, or its predecessor a with direct hand-offs
+    assert book.add_inbound("b", InboundTransfer("a", 1_000_000, 1.0), sources) is None
+    assert book.add_inbound("b", InboundTransfer("server", 1_000_000, 2.0), sources) is None
+    for spoofed in ("b", "c", "ghost"):  # itself, a device that sent it nothing, one not registered
+        why = book.add_inbound("b", InboundTransfer(spoofed, 1_000_000, 0.001), sources)
+        assert why is not None and repr(spoofed) in why and "did not send it one" in why
     assert book.transfer_bps() == {("a", "b"): 8e6, ("server", "b"): 4e6}
 
 

@@ -87,16 +87,17 @@ def test_hand_offs_are_timed_and_sigterm_removes_the_lab_and_every_process(tmp_p
         if proc.poll() is None:
             proc.kill()
 
-    # Assert: every hand-off of round 1 timed, at the pace of the slower link
-    links, groups = doc["links"], doc["rounds"][0]["groups"]
+    # Assert: every hand-off of round 1 (and of any later round already on record) timed,
+    # each between two members of one chain, at the pace of the slower link
+    links, rounds = doc["links"], doc["rounds"]
     ids = links["ids"]
     src = np.array(links["snr_source"], dtype=object)
     snr = np.array(links["snr_db"], dtype=float)
     timed = [(ids[i], ids[j]) for i, j in zip(*np.nonzero(src == "transfer"), strict=True) if i != j]
-    assert len(timed) == sum(len(g) - 1 for g in groups) == 10, (groups, timed)
-    group_of = {d: k for k, g in enumerate(groups) for d in g}
+    assert len(timed) >= sum(len(g) - 1 for g in rounds[0]["groups"]) == 10, (rounds[0]["groups"], timed)
+    together = {(a, b) for r in rounds for g in r["groups"] for a in g for b in g if a != b}
     for sender, receiver in timed:
-        assert group_of[sender] == group_of[receiver]
+        assert (sender, receiver) in together, (sender, receiver)
         bps = links["bandwidth_hz"] * np.log2(1 + 10 ** (snr[ids.index(sender), ids.index(receiver)] / 10))
         slower = 1e6 * min(SITE_MBPS[sender[0]], SITE_MBPS[receiver[0]])
         # two chunks of the MLP arrive 52 ms apart at 128 Mbit/s: scheduling shows there

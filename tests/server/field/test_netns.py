@@ -72,7 +72,9 @@ class Announced(Lab):
 lab = Announced()
 host = lab.add_host("x")
 lab.start(host, [sys.executable, "-c", {stubborn!r}], log=Path({log!r}))
+deadline = time.monotonic() + 30
 while "up" not in Path({log!r}).read_text():
+    assert time.monotonic() < deadline, "the stubborn process did not start"
     time.sleep(0.05)
 try:
     lab.close()  # waits 10 s for the process that ignores SIGTERM, then kills it
