@@ -177,3 +177,34 @@ def test_devices_that_hold_the_same_model_get_one_encoding_of_the_next() -> None
     changed = target.copy()
     changed[0] += 1.0
     assert server.encode("dev1", changed) is not one  # a different model is encoded anew
+
+
+def test_a_member_s_model_may_come_only_from_the_server_or_its_direct_predecessor() -> None:
+    from device.protocol import Topics
+    from server.coordinator.manager import GroupManager
+    from server.strategies.base import GroupPlan, TrainConfig
+
+    def manager(mode: str, handoff: str) -> GroupManager:
+        return GroupManager(
+            GroupPlan(0, ("dev1", "dev2", "dev3"), mode, "m"),  # type: ignore[arg-type]
+            1,
+            _model(0),
+            TrainConfig(),
+            topics=Topics("r"),
+            publish=lambda topic, data, retain: None,
+            handoff=handoff,  # type: ignore[arg-type]
+            deadline_s=60.0,
+            seed=0,
+            max_chunk=1 << 20,
+            task_prefix="t",
+        )
+
+    chain = manager("chain", "direct")
+    second = chain.members[1]
+    assert chain.model_sources("dev2", second.task_id) == {SERVER_ID, "dev1"}
+    assert chain.model_sources("dev1", chain.members[0].task_id) == {SERVER_ID}  # the head: the server
+    assert chain.model_sources("dev2", "another task") == frozenset()  # not this group's task
+    relayed = manager("chain", "relay")
+    assert relayed.model_sources("dev2", relayed.members[1].task_id) == {SERVER_ID}  # the server relays
+    parallel = manager("parallel", "relay")
+    assert parallel.model_sources("dev3", parallel.members[2].task_id) == {SERVER_ID}
