@@ -33,6 +33,7 @@ import numpy as np
 
 from device.errors import DataError, ModelError, WeightsError
 from device.manifest import Manifest, load_manifest, manifest_path_for, read_verified_model
+from device.memory import pin_mmap_threshold
 
 log = logging.getLogger(__name__)
 
@@ -247,6 +248,7 @@ class TFLiteModel:
         num_threads: int | None = None,
         backend: str | None = None,
     ) -> None:
+        pin_mmap_threshold()  # a dropped model's pages go back to the system (device/memory.py)
         model_path = Path(model_path)
         self.manifest = manifest or load_manifest(manifest_path_for(model_path))
         model_bytes = read_verified_model(model_path, self.manifest)
