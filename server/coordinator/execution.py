@@ -50,6 +50,10 @@ class RoundExecution:
             return "direct" if group_index % 2 == 0 else "relay"
         if mode in ("direct", "relay"):
             return mode  # type: ignore[return-value]
+        if self.coord.cfg.codec == "int8":
+            # relayed hand-offs travel as int8 deltas both ways, a direct one as a full fp16
+            # model: fewer bytes on every link (GroupManager's docstring)
+            return "relay"
         devices = self.coord.devices
         slow = [d for d in members if not devices[d].direct or devices[d].rtt_ms > self.coord.cfg.relay_rtt_ms]
         return "relay" if slow else "direct"

@@ -26,10 +26,22 @@ downlink codec (float32, or float16 in ``fp16`` and ``int8`` runs) and asks memb
 for their output in the upload codec: an ``int8`` parallel member sends a delta
 against the start model it received, which the coordinator adds to its own float32
 start model (``bases``: payload sha256 -> model), so the float16 rounding of the
-downlink never reaches the aggregate. Chain hand-offs travel in the downlink codec.
-In an ``int8`` run a start model goes to a device as a delta against the model it
-holds when the coordinator knows it (``server/downlink.py``, ``downlinks``): then by
-its own frame, not the shared broadcast.
+downlink never reaches the aggregate. In an ``int8`` run a start model goes to a
+device as a delta against the model it holds when the coordinator knows it
+(``server/downlink.py``, ``downlinks``): then by its own frame, not the shared
+broadcast.
+
+Chain hand-offs in ``int8`` runs go through the manager (relay; the ``auto`` hand-off
+mode picks it, ``server/coordinator/execution.py``): a member uploads its output as an
+``int8`` delta against the model it received, the manager adds it to the float32 model
+it sent (so that member's downlink error never enters the chain's model), and sends
+the sum on to the successor as a downlink delta against the model the successor holds.
+The chain's model thus carries only each member's upload quantisation error (with that
+member's error feedback), never a re-quantised downlink error. A *direct* hand-off
+goes device to device in the downlink codec (``fp16``): the two devices hold no common
+model a delta could name. Why relay rather than the brief's deltas against a common
+start model sent to every member: that start model costs every member a download too,
+and measured in bytes it saves less (docs/results.md, "Int8 chain hand-offs").
 """
 
 from __future__ import annotations
@@ -107,8 +119,11 @@ class GroupManager:
         self.train = train
         self.start_weights = start_weights
         self.downlink = downlink_codec(codec)
-        # a chain's hand-offs go as full models; a parallel member's output in the run's codec
-        self.upload = upload_codec(codec) if plan.mode == "parallel" else self.downlink
+        # A member whose output comes to the manager (parallel, relay hand-offs) sends it in
+        # the run's upload codec: in int8 runs a delta against the model it received, which
+        # the manager holds as float32 (``bases``). A direct hand-off goes to a device that
+        # holds no common base, so it goes as a full model in the downlink codec.
+        self.upload = upload_codec(codec) if self.handoff == "relay" else self.downlink
         self.start_payload = encode_float(start_weights, self.downlink)
         self.bases = bases
         if bases is not None:  # int8 deltas against this start model decode with the float32 original
@@ -171,11 +186,11 @@ class GroupManager:
 
     def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
         codec, base = self.downlink, None
-        if weights is self.start_weights and self.downlinks is not None:
+        if self.downlinks is not None:  # the start model, or a relayed hand-off (int8 runs)
             down = self.downlinks.encode(member.device, weights)
             payload, codec, base = down.payload, down.codec, down.base
             if self.bases is not None:  # its output's delta decodes against the float32 original
-                self.bases[down.key] = self.start_weights
+                self.bases[down.key] = weights
         else:
             payload = self.start_payload if weights is self.start_weights else encode_float(weights, self.downlink)
         if self.downlinks is not None:

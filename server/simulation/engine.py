@@ -14,7 +14,9 @@ codec (``int8``: a delta against the model the device holds when the server know
 ``server/downlink.py``, with the same bookkeeping as the coordinator), parallel outputs
 in the upload codec (``int8``: a delta against the start model as received, with each
 device's error feedback, added to the float32 start model), chain hand-offs in the
-downlink codec. Each round's record holds the bytes of the frames that carried them
+downlink codec, except in ``int8`` runs, where they are relayed through the manager as
+the coordinator relays them (:meth:`VirtualDevices._relayed_chains`). Each round's
+record holds the bytes of the frames that carried them
 (``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in ``extra``;
 :mod:`server.simulation.wire`).
 """
@@ -34,6 +36,7 @@ from device.protocol import (
     ErrorFeedback,
     EvalRow,
     FrameCodec,
+    LocalTraining,
     WireCodec,
     decode,
     downlink_codec,
@@ -49,7 +52,7 @@ from server.simulation.faults import Faults
 from server.simulation.pool import SharedPool, balance
 from server.simulation.trainer import ChainOutcome, Trainer
 from server.simulation.wire import frame_bytes
-from server.strategies.base import ClientInfo, GroupResult, MemberResult, RoundPlan, Strategy
+from server.strategies.base import ClientInfo, GroupPlan, GroupResult, MemberResult, RoundPlan, Strategy
 
 SHIFT_STREAM = 0x5817  # the distribution shift draws from its own stream, never the strategy's
 
@@ -160,28 +163,33 @@ class VirtualDevices:
     def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
         settings = plan.train.to_wire()
         down, up = downlink_codec(self.codec), upload_codec(self.codec)
+        relayed = self.codec == "int8"  # the coordinator's hand-off mode for int8 runs (execution.py)
         received = {  # (group, device) -> the start model as that device decodes it
             (g.group_id, c): self._download(g.group_id, c, plan.models[g.start_model], plan.round)
             for g in plan.groups
+            if not (relayed and g.mode == "chain")
             for c in self._receivers(g.mode, g.members)
         }
         chains = [(g, self._answers(g.members)) for g in plan.groups if g.mode == "chain"]
         parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
-        chain_out: list[ChainOutcome] = self.pool.map(
-            "chain",
-            [
-                (
-                    received[g.group_id, cs[0]] if cs else plan.models[g.start_model],
-                    cs,
-                    settings,
-                    seed,
-                    plan.round,
-                    down,
-                )
-                for g, cs in chains
-            ],
-            [self._train_size(cs) for _, cs in chains],
-        )
+        if relayed:
+            chain_out = self._relayed_chains(plan, [g for g, _ in chains], settings, seed, up)
+        else:
+            chain_out = self.pool.map(
+                "chain",
+                [
+                    (
+                        received[g.group_id, cs[0]] if cs else plan.models[g.start_model],
+                        cs,
+                        settings,
+                        seed,
+                        plan.round,
+                        down,
+                    )
+                    for g, cs in chains
+                ],
+                [self._train_size(cs) for _, cs in chains],
+            )
         member_out: list[MemberResult] = self.pool.map(
             "parallel",
             [(received[g.group_id, c], c, settings, seed, plan.round) for g, c in parallel],
@@ -205,6 +213,34 @@ class VirtualDevices:
                 )
         self.seen.update(plan.participants)
         return results
+
+    def _relayed_chains(
+        self, plan: RoundPlan, groups: Sequence[GroupPlan], settings: LocalTraining, seed: int, up: FrameCodec
+    ) -> list[ChainOutcome]:
+        """Chains whose hand-offs go through the manager, as the coordinator relays them
+        in ``int8`` runs (``server/coordinator/manager.py``): position by position, every
+        chain's member at that position trains at once; its output comes back as an upload
+        (a delta against the model it received, added to the float32 model sent), and the
+        sum goes to the successor as a start model (a downlink delta against the model the
+        successor holds). A silent member is sent its model and skipped, as the manager does
+        at its deadline."""
+        current = {g.group_id: plan.models[g.start_model] for g in groups}
+        members: dict[int, list[MemberResult]] = {g.group_id: [] for g in groups}
+        for position in range(max((len(g.members) for g in groups), default=0)):
+            turn = [(g, g.members[position]) for g in groups if position < len(g.members)]
+            starts = {g.group_id: self._download(g.group_id, c, current[g.group_id], plan.round) for g, c in turn}
+            answering = [(g, c) for g, c in turn if c not in self.faults.unresponsive]
+            outs: list[MemberResult] = self.pool.map(
+                "parallel",
+                [(starts[g.group_id], c, settings, seed, plan.round) for g, c in answering],
+                [self._train_size([c]) for _, c in answering],
+            )
+            for (g, _), out in zip(answering, outs, strict=True):
+                back = self._upload(out, current[g.group_id], starts[g.group_id], up)
+                assert back.weights is not None
+                current[g.group_id] = back.weights
+                members[g.group_id].append(dataclasses.replace(back, weights=None))
+        return [ChainOutcome(current[g.group_id], tuple(members[g.group_id])) for g in groups]
 
     def _receivers(self, mode: str, members: Sequence[str]) -> list[str]:
         """Who the server sends a group's start model to: every parallel member; in a

@@ -104,3 +104,39 @@ def _simulated(make, model, *, rounds: int) -> list[RoundRecord]:  # type: ignor
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
     fed = {f"dev{i:03d}": ClientData(train[w], test[w]) for i, w in enumerate(writers)}
     return Simulation(make(), fed, model, seed=3, federated_eval_every=1).run(rounds)
+
+
+def test_int8_chains_relay_deltas_and_give_the_same_models_both_ways(broker, tmp_path) -> None:
+    """FedGSP with ``--codec int8`` and the default hand-off mode: every chain is relayed
+    through its manager (the hand-offs travel as int8 deltas, up and down), the
+    simulator relays them the same way and ends with the same models, the upload bytes
+    (hand-offs included) fall about 4x against float32 and accuracy stays close."""
+    from covey.paths import ensure_model
+
+    # Prepare
+    _, make = CASES["fedgsp_relay"]
+    model = ensure_model("mlp_femnist")
+
+    # Execute
+    result = run_both(
+        make,
+        root=femnist_root(),
+        model_path=model,
+        host=broker.host,
+        port=broker.port,
+        work=tmp_path,
+        run="eq-int8gsp",
+        rounds=3,
+        handoff="auto",
+        codec="int8",
+    )
+    fp32 = _simulated(make, model, rounds=3)
+
+    # Assert
+    assert all(r.trained == r.participants and r.skipped == 0 and not r.dropped for r in result.mqtt)
+    assert all(r.handoff == {"relay": r.n_groups} for r in result.mqtt)
+    assert any(r.participants > r.n_groups for r in result.mqtt)  # some chain has a hand-off
+    assert result.max_abs_diff <= 1e-5, result.max_abs_diff
+    assert abs(result.mqtt[-1].federated_accuracy - fp32[-1].federated_accuracy) <= 0.02
+    up = sum(r.extra["wire_bytes_up"] for r in fp32) / sum(r.extra["wire_bytes_up"] for r in result.sim)
+    assert up >= 3.8, up
