@@ -130,9 +130,16 @@ def without_empty_members(results: Sequence[GroupResult]) -> tuple[list[GroupRes
 
 def update_norm(start: np.ndarray, model: np.ndarray) -> float:
     """``||model - start||_2``, accumulated in float64 (the float64 difference made in one
-    pass: no float64 copies of both vectors, which cost more than the norm)."""
+    pass: no float64 copies of both vectors, which cost more than the norm).
+
+    The sum of squares is ``einsum``'s own loop, not BLAS's ``dot``: OpenBLAS runs a
+    long dot product on threads that then spin for a while, and in the simulator those
+    spinning threads took the cores from the interpreter and the worker processes
+    (a FedAvg round on two workers was no faster than on one; docs/results.md,
+    "Simulation speed, third pass"). The loop costs about 0.1 ms more per update of the
+    FEMNIST MLP."""
     diff = np.subtract(model, start, dtype=np.float64)
-    return float(np.sqrt(np.dot(diff, diff)))
+    return float(np.sqrt(np.einsum("i,i->", diff, diff)))
 
 
 def norm_outliers(norms: Sequence[float], factor: float, min_updates: int = 3) -> tuple[np.ndarray, float]:

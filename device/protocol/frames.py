@@ -158,7 +158,7 @@ class Payload:
     timing: TransferTiming | None = None
 
 
-def encode_frames(
+def _frame_parts(
     array: np.ndarray,
     *,
     kind: FrameKind,
@@ -166,16 +166,15 @@ def encode_frames(
     round: int,
     group: int,
     sender: str,
-    max_chunk: int = DEFAULT_MAX_CHUNK,
-    extra: FrameExtra | None = None,
-    msg_id: str | None = None,
-    codec: FrameCodec = "raw",
-    base: str | None = None,
-) -> Iterator[bytes]:
-    """Frames carrying ``array`` (little-endian), chunked above ``max_chunk`` bytes.
-
-    ``array`` is the payload as encoded by ``codec`` (``device/protocol/codecs.py``);
-    ``base`` names the model an ``int8`` delta is against."""
+    max_chunk: int,
+    extra: FrameExtra | None,
+    msg_id: str | None,
+    codec: FrameCodec,
+    base: str | None,
+    digest: Callable[[memoryview], str],
+) -> tuple[dict[str, Any], memoryview, int]:
+    """The header body (chunk 0), the payload's bytes (a view, little-endian) and the
+    chunk count of ``array``'s frames; ``digest`` gives the header's sha256."""
     arr = np.ascontiguousarray(array)
     dtype = next((name for name, t in DTYPES.items() if arr.dtype == t), None)
     if dtype is None:
@@ -197,16 +196,89 @@ def encode_frames(
         dtype=dtype,  # type: ignore[arg-type]
         shape=tuple(int(d) for d in arr.shape),
         nbytes=len(data),
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=digest(data),
         codec=codec,
         extra=extra or FrameExtra(),
         base=base,
     )
-    body = to_body(header)
+    return to_body(header), data, n_chunks
+
+
+def _head(body: dict[str, Any], chunk: int) -> bytes:
+    body["chunk"] = chunk
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def encode_frames(
+    array: np.ndarray,
+    *,
+    kind: FrameKind,
+    run: str,
+    round: int,
+    group: int,
+    sender: str,
+    max_chunk: int = DEFAULT_MAX_CHUNK,
+    extra: FrameExtra | None = None,
+    msg_id: str | None = None,
+    codec: FrameCodec = "raw",
+    base: str | None = None,
+) -> Iterator[bytes]:
+    """Frames carrying ``array`` (little-endian), chunked above ``max_chunk`` bytes.
+
+    ``array`` is the payload as encoded by ``codec`` (``device/protocol/codecs.py``);
+    ``base`` names the model an ``int8`` delta is against."""
+    body, data, n_chunks = _frame_parts(
+        array,
+        kind=kind,
+        run=run,
+        round=round,
+        group=group,
+        sender=sender,
+        max_chunk=max_chunk,
+        extra=extra,
+        msg_id=msg_id,
+        codec=codec,
+        base=base,
+        digest=lambda d: hashlib.sha256(d).hexdigest(),
+    )
     for i in range(n_chunks):
-        body["chunk"] = i
-        head = json.dumps(body, separators=(",", ":")).encode()
+        head = _head(body, i)
         yield b"".join((MAGIC, struct.pack("<I", len(head)), head, data[i * max_chunk : (i + 1) * max_chunk]))
+
+
+def frames_size(
+    array: np.ndarray,
+    *,
+    kind: FrameKind,
+    run: str,
+    round: int,
+    group: int,
+    sender: str,
+    max_chunk: int = DEFAULT_MAX_CHUNK,
+    extra: FrameExtra | None = None,
+    msg_id: str | None = None,
+    codec: FrameCodec = "raw",
+    base: str | None = None,
+) -> int:
+    """The total length of :func:`encode_frames`' frames for the same arguments, without
+    hashing or copying the payload (a sha256 is always 64 hex digits; what the
+    simulator counts for every model it moves)."""
+    body, data, n_chunks = _frame_parts(
+        array,
+        kind=kind,
+        run=run,
+        round=round,
+        group=group,
+        sender=sender,
+        max_chunk=max_chunk,
+        extra=extra,
+        msg_id=msg_id or "0" * 16,
+        codec=codec,
+        base=base,
+        digest=lambda d: "0" * 64,
+    )
+    heads = sum(len(_head(body, i)) for i in range(n_chunks))
+    return n_chunks * (len(MAGIC) + 4) + heads + len(data)
 
 
 PublishFn = Callable[[str, bytes, bool], None]

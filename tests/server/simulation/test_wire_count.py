@@ -1,0 +1,43 @@
+"""The simulator's byte count is the length of the frames a board would send
+(``server/simulation/wire.py``), computed without building them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from device.protocol import FrameExtra, encode_frames
+from device.protocol.codecs import ErrorFeedback, encode_float, pack
+from device.protocol.frames import frames_size
+from server.simulation.wire import frame_bytes
+
+
+@pytest.mark.parametrize("n", [1, 1_000, 700_001])  # one frame, one frame, several chunks
+@pytest.mark.parametrize("codec", ["raw", "fp16", "int8"])
+def test_the_counted_size_is_the_length_of_the_frames_built(n: int, codec: str) -> None:
+    # Prepare: a payload as the codec encodes it
+    rng = np.random.default_rng(n)
+    weights = rng.normal(0, 0.1, n).astype(np.float32)
+    if codec == "int8":
+        payload, used = pack(ErrorFeedback().encode(weights, np.zeros_like(weights)))
+    else:
+        payload, used = encode_float(weights, codec), codec  # type: ignore[arg-type]
+    kwargs = dict(
+        kind="result",
+        run="sim",
+        round=12,
+        group=3,
+        sender="dev007",
+        max_chunk=1 << 20,
+        extra=FrameExtra("task-r12-g3-p1", position=1),
+        codec=used,
+        base="a" * 64 if used.startswith("int8") else None,
+    )
+
+    # Execute
+    built = sum(len(f) for f in encode_frames(payload, **kwargs))  # type: ignore[arg-type]
+    counted = frames_size(payload, **kwargs)  # type: ignore[arg-type]
+
+    # Assert
+    assert counted == built
+    assert frame_bytes(payload, used) >= payload.nbytes  # the simulator's count, headers included
