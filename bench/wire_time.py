@@ -103,6 +103,7 @@ def main() -> int:
     print(f"figure wire_time_to_target_speedup = {_fmt(speedup, '.2f')}")
     if args.plots:
         path = Path(args.plots) / "wire_time.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
         title = f"{args.strategy}, {args.model}, 8 boards at 20 Mbit/s"
         plot_field({f"{args.strategy} {c}": r for c, r in reports.items()}, path, title=title, target=target)
         print(f"plot {path}")
