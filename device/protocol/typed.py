@@ -218,7 +218,7 @@ def from_body(cls: type[T], raw: Any, where: str = "body") -> T:
     """
     if not isinstance(raw, Mapping):
         raise ProtocolError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable; mypy sees a TypeVar
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         name = f"{where}.{f.name}"
