@@ -253,7 +253,8 @@ def add_codec_flag(p: argparse.ArgumentParser) -> None:
         "--codec",
         choices=WIRE_CODECS,
         help="model payloads on the wire: fp32 (default), fp16, or int8 deltas with error feedback "
-        "(start models then go as fp16; docs/protocol.md)",
+        "(start models as deltas against the model a device holds, else fp16; chain hand-offs "
+        "relayed as deltas; docs/protocol.md)",
     )
 
 

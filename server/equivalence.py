@@ -67,7 +67,15 @@ def run_both(
     federation = {d: ClientData(train[w], test[w]) for d, w in zip(ids, writers, strict=True)}
 
     sim_strategy = make()
-    sim = Simulation(sim_strategy, federation, model_path, seed=seed, federated_eval_every=1, codec=codec)
+    sim = Simulation(
+        sim_strategy,
+        federation,
+        model_path,
+        seed=seed,
+        federated_eval_every=1,
+        codec=codec,
+        handoff=handoff,  # type: ignore[arg-type]
+    )
     sim_records = sim.run(rounds)
 
     mqtt_strategy = make()

@@ -56,6 +56,7 @@ import numpy as np
 from device.protocol import (
     SERVER_ID,
     DeviceHop,
+    FrameCodec,
     FrameExtra,
     Hop,
     ManagerHop,
@@ -143,6 +144,8 @@ class GroupManager:
         self.deadline = float("inf")
         self.waiting_resend = False
         self.resends = 0
+        # task id -> (model, payload, codec, base) last sent for it, for a resend of the same model
+        self._sent: dict[str, tuple[np.ndarray, np.ndarray, FrameCodec, str | None]] = {}
 
     # -- helpers -------------------------------------------------------------------------
     def _next_hop(self, index: int) -> Hop:
@@ -186,7 +189,13 @@ class GroupManager:
 
     def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
         codec, base = self.downlink, None
-        if self.downlinks is not None:  # the start model, or a relayed hand-off (int8 runs)
+        again = self._sent.get(member.task_id)
+        if again is not None and again[0] is weights:
+            # the same model for the same task again (a resend): the same payload, so the
+            # key the server records is the one the device may already hold (a new
+            # encoding would be a full model under another key; server/downlink.py)
+            _, payload, codec, base = again
+        elif self.downlinks is not None:  # the start model, or a relayed hand-off (int8 runs)
             down = self.downlinks.encode(member.device, weights)
             payload, codec, base = down.payload, down.codec, down.base
             if self.bases is not None:  # its output's delta decodes against the float32 original
@@ -195,6 +204,7 @@ class GroupManager:
             payload = self.start_payload if weights is self.start_weights else encode_float(weights, self.downlink)
         if self.downlinks is not None:
             self.downlinks.sent(member.device, member.task_id, payload_key(payload))
+        self._sent[member.task_id] = (weights, payload, codec, base)  # until its output is in
         send_model(
             self.publish,
             self.topics.frames(member.device),
@@ -312,6 +322,7 @@ class GroupManager:
         member = next((m for m in self.members if m.device == h.sender and m.task_id == h.extra.task_id), None)
         if member is None or member.skipped or member.weights is not None:
             return False
+        self._sent.pop(member.task_id, None)  # its model arrived: no resend of it will be needed
         index = self.members.index(member)
         if self.plan.mode == "chain":
             last = len(self.members) - 1

@@ -15,7 +15,8 @@ codec (``int8``: a delta against the model the device holds when the server know
 in the upload codec (``int8``: a delta against the start model as received, with each
 device's error feedback, added to the float32 start model), chain hand-offs in the
 downlink codec, except in ``int8`` runs, where they are relayed through the manager as
-the coordinator relays them (:meth:`VirtualDevices._relayed_chains`). Each round's
+the coordinator relays them with its default hand-off mode (``handoff``,
+:meth:`VirtualDevices._relayed_chains`). Each round's
 record holds the bytes of the frames that carried them
 (``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in ``extra``;
 :mod:`server.simulation.wire`).
@@ -26,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -54,6 +55,7 @@ from server.simulation.trainer import ChainOutcome, Trainer
 from server.simulation.wire import frame_bytes
 from server.strategies.base import ClientInfo, GroupPlan, GroupResult, MemberResult, RoundPlan, Strategy
 
+Handoff = Literal["auto", "direct", "relay", "mixed"]  # the coordinator's --handoff modes
 SHIFT_STREAM = 0x5817  # the distribution shift draws from its own stream, never the strategy's
 
 # -- where work units run ----------------------------------------------------------------------
@@ -94,6 +96,8 @@ class VirtualDevices:
     seed : seeds the shift's own generator.
     faults : devices that never answer, and poisoners (:mod:`server.simulation.faults`).
     codec : how models travel (``fp32``, ``fp16``, ``int8``; module docstring).
+    handoff : chain hand-offs as the coordinator's ``--handoff`` (``auto``, ``direct``,
+        ``relay``, ``mixed``); it matters in ``int8`` runs only (:meth:`_relays`).
     """
 
     def __init__(
@@ -108,9 +112,11 @@ class VirtualDevices:
         seed: int = 0,
         faults: Faults | None = None,
         codec: WireCodec = "fp32",
+        handoff: Handoff = "auto",
     ) -> None:
         self.faults = faults or Faults()
         self.codec: WireCodec = codec
+        self.handoff: Handoff = handoff
         self.feedback: dict[str, ErrorFeedback] = {}  # each device's int8 residual, as a board keeps it
         self.downlinks = DownlinkModels(downlink_codec(codec), deltas=codec == "int8")  # what each device holds
         self._wire = {"down": 0, "up": 0}
@@ -160,42 +166,54 @@ class VirtualDevices:
     def _answers(self, clients: Sequence[str]) -> list[str]:
         return [c for c in clients if c not in self.faults.unresponsive]
 
+    def _relays(self, index: int) -> bool:
+        """Whether the group at ``index`` of a plan relays its chain's hand-offs as int8
+        deltas, as the coordinator picks (``server/coordinator/execution.py``). Outside
+        ``int8`` runs relayed and direct hand-offs give the same models, so they run as
+        direct ones here."""
+        if self.codec != "int8":
+            return False
+        return self.handoff in ("auto", "relay") or (self.handoff == "mixed" and index % 2 == 1)
+
     def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
         settings = plan.train.to_wire()
         down, up = downlink_codec(self.codec), upload_codec(self.codec)
-        relayed = self.codec == "int8"  # the coordinator's hand-off mode for int8 runs (execution.py)
+        relayed = {g.group_id for i, g in enumerate(plan.groups) if g.mode == "chain" and self._relays(i)}
         received = {  # (group, device) -> the start model as that device decodes it
             (g.group_id, c): self._download(g.group_id, c, plan.models[g.start_model], plan.round)
             for g in plan.groups
-            if not (relayed and g.mode == "chain")
+            if g.group_id not in relayed
             for c in self._receivers(g.mode, g.members)
         }
         chains = [(g, self._answers(g.members)) for g in plan.groups if g.mode == "chain"]
+        direct = [(g, cs) for g, cs in chains if g.group_id not in relayed]
         parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
-        if relayed:
-            chain_out = self._relayed_chains(plan, [g for g, _ in chains], settings, seed, up)
-        else:
-            chain_out = self.pool.map(
-                "chain",
-                [
-                    (
-                        received[g.group_id, cs[0]] if cs else plan.models[g.start_model],
-                        cs,
-                        settings,
-                        seed,
-                        plan.round,
-                        down,
-                    )
-                    for g, cs in chains
-                ],
-                [self._train_size(cs) for _, cs in chains],
-            )
+        direct_out: list[ChainOutcome] = self.pool.map(
+            "chain",
+            [
+                (
+                    received[g.group_id, cs[0]] if cs else plan.models[g.start_model],
+                    cs,
+                    settings,
+                    seed,
+                    plan.round,
+                    down,
+                )
+                for g, cs in direct
+            ],
+            [self._train_size(cs) for _, cs in direct],
+        )
+        by_chain = {g.group_id: o for (g, _), o in zip(direct, direct_out, strict=True)}
+        relay_groups = [g for g, _ in chains if g.group_id in relayed]
+        by_chain |= {
+            g.group_id: o
+            for g, o in zip(relay_groups, self._relayed_chains(plan, relay_groups, settings, seed, up), strict=True)
+        }
         member_out: list[MemberResult] = self.pool.map(
             "parallel",
             [(received[g.group_id, c], c, settings, seed, plan.round) for g, c in parallel],
             [self._train_size([c]) for _, c in parallel],
         )
-        by_chain = {g.group_id: o for (g, _), o in zip(chains, chain_out, strict=True)}
         by_member = {
             c: self._upload(o, plan.models[g.start_model], received[g.group_id, c], up)
             for (g, c), o in zip(parallel, member_out, strict=True)
@@ -331,6 +349,7 @@ class Simulation:
     server_eval : the global model's accuracy and loss on a held-out set (as the
         coordinator's ``--eval-data``).
     codec : how models travel (see :class:`VirtualDevices`).
+    handoff : chain hand-offs (see :class:`VirtualDevices`).
     """
 
     def __init__(
@@ -351,6 +370,7 @@ class Simulation:
         screening: ScreeningConfig | None = DEFAULT_SCREENING,
         server_eval: ServerEvaluator | None = None,
         codec: WireCodec = "fp32",
+        handoff: Handoff = "auto",
     ) -> None:
         self.strategy = strategy
         self.devices = VirtualDevices(
@@ -363,6 +383,7 @@ class Simulation:
             seed=seed,
             faults=faults,
             codec=codec,
+            handoff=handoff,
         )
         self.driver = RoundDriver(
             strategy,

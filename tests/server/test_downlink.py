@@ -208,3 +208,132 @@ def test_a_member_s_model_may_come_only_from_the_server_or_its_direct_predecesso
     assert relayed.model_sources("dev2", relayed.members[1].task_id) == {SERVER_ID}  # the server relays
     parallel = manager("parallel", "relay")
     assert parallel.model_sources("dev3", parallel.members[2].task_id) == {SERVER_ID}
+
+
+def test_a_resent_hand_off_is_the_payload_first_sent_so_the_server_knows_what_the_member_holds() -> None:
+    """After a reconnect the manager sends the member whose turn it is its model again.
+    Encoded anew it would be a full model under another key (the first send made the
+    server forget what the member held), which the member, already training on the
+    first, refuses; the server would then record the wrong key and send the next round's
+    delta against a model the member does not hold."""
+    from device.protocol import Topics, TrainResult, parse_frame
+    from server.coordinator.manager import GroupManager
+    from server.strategies.base import GroupPlan, TrainConfig
+
+    # Prepare: an int8 relayed chain of two; dev2 held a model the server knows
+    sent: list[tuple[str, bytes]] = []
+    topics = Topics("r")
+    downlinks = DownlinkModels("fp16", deltas=True)
+    held = downlinks.encode("dev2", _model(9))
+    downlinks.sent("dev2", "old", held.key)
+    downlinks.confirm("dev2", "old")
+    chain = GroupManager(
+        GroupPlan(0, ("dev1", "dev2"), "chain", "m"),
+        1,
+        _model(0),
+        TrainConfig(),
+        topics=topics,
+        publish=lambda topic, data, retain: sent.append((topic, data)),
+        handoff="relay",
+        deadline_s=60.0,
+        seed=0,
+        max_chunk=1 << 20,
+        task_prefix="t",
+        codec="int8",
+        bases={},
+        downlinks=downlinks,
+    )
+    chain.start(0.0)
+    first_member = chain.members[0]
+    chain.on_result("dev1", TrainResult(first_member.task_id, 10, 0.5, 1, 0, 0, ()), 1.0)
+    hand_off = _model(1)
+    (frame,) = encode_frames(
+        hand_off,
+        kind="result",
+        run="r",
+        round=1,
+        group=0,
+        sender="dev1",
+        extra=FrameExtra(first_member.task_id, position=0),
+    )
+    payload = Reassembler().add(frame)
+    assert payload is not None
+    assert chain.on_frame(payload, hand_off, 2.0)  # relayed on to dev2
+    first = [parse_frame(d)[0] for t, d in sent if t == topics.frames("dev2")]
+
+    # Execute: the connection came back; the manager resends what is outstanding
+    chain.resend_outstanding(3.0)
+
+    # Assert: the same delta again, and the key the server records is that payload's
+    frames = [parse_frame(d)[0] for t, d in sent if t == topics.frames("dev2")]
+    assert len(first) == 1 and len(frames) == 2
+    assert frames[1].codec in DELTA_CODECS and frames[1].base == held.key
+    assert frames[1].sha256 == frames[0].sha256
+    chain.on_result("dev2", TrainResult(chain.members[1].task_id, 10, 0.5, 1, 0, 1, ()), 4.0)
+    assert downlinks.base_of("dev2") == frames[0].sha256
+
+
+def test_relayed_int8_hand_offs_carry_each_member_s_upload_error_once_and_no_downlink_error() -> None:
+    """A relayed int8 chain (server/coordinator/manager.py): each member decodes its start
+    model from a downlink delta (its own error), trains, and uploads a delta against what
+    it decoded; the manager adds that delta to the float32 model it sent. With training
+    modelled as a fixed step, the chain's model after k members is within the sum of the
+    k uploads' int8 bounds of the float32 chain: the downlink errors cancel exactly."""
+    from device.protocol.codecs import ErrorFeedback, decode, pack
+    from tests.device.test_codecs import _int8_bound
+
+    # Prepare: ten members, each holding a different older model the server knows
+    rng = np.random.default_rng(4)
+    server = DownlinkModels("fp16", deltas=True)
+    members = [f"dev{i}" for i in range(10)]
+    for i, device in enumerate(members):
+        held = server.encode(device, _model(100 + i))
+        server.sent(device, "old", held.key)
+        server.confirm(device, "old")
+    exact = _model(0)  # the float32 chain
+    current = exact.copy()  # the relayed int8 chain, as the manager holds it
+    allowed = np.zeros_like(exact)
+
+    for k, device in enumerate(members):
+        # Execute: one hand-off
+        down = server.encode(device, current)
+        assert down.base is not None  # a delta against the member's own older model
+        step = rng.normal(0, 0.01, N).astype(np.float32)  # the member's training
+        trained = down.received + step  # it trains from what it decoded
+        residual = ErrorFeedback()
+        upload, codec = pack(residual.encode(trained, down.received))
+        current = decode(upload, codec, current)  # added to the float32 model sent
+        exact = exact + step
+        delta = trained - down.received
+        allowed += _int8_bound(delta)
+
+        # Assert: the downlink error is gone; only the upload's bound accumulates
+        assert np.all(np.abs(current - exact) <= allowed + 1e-5), f"hand-off {k + 1}"
+    assert np.abs(down.received - current).max() > 0  # members did train from perturbed models
+
+
+def test_over_its_limit_the_cache_drops_models_no_device_holds_before_one_a_device_holds() -> None:
+    """With a fixed 64 models FedGSP's relayed chain members evicted one another's held
+    models every round (each holds its own), so most start models went in full."""
+    # Prepare: dev1 holds the oldest model; room for two
+    server = DownlinkModels("fp16", deltas=True, capacity=2)
+    held = server.encode("dev1", _model(0))
+    server.sent("dev1", "t1", held.key)
+    server.confirm("dev1", "t1")
+
+    # Execute: two newer models nobody holds (encoded, never sent)
+    server.encode("dev2", _model(1))
+    server.encode("dev2", _model(2))
+
+    # Assert: dev1's model stayed; the next start model to dev1 is still a delta
+    assert server.base_of("dev1") == held.key
+    assert server.encode("dev1", _model(3)).base == held.key
+
+
+def test_by_default_the_cache_keeps_as_many_models_as_its_memory_budget_holds() -> None:
+    server = DownlinkModels("fp16", deltas=True, budget_bytes=3 * _model(0).nbytes)
+    for i in range(5):  # five devices, each holding its own model
+        down = server.encode(f"dev{i}", _model(i))
+        server.sent(f"dev{i}", "t", down.key)
+        server.confirm(f"dev{i}", "t")
+    assert [server.base_of(f"dev{i}") is not None for i in range(5)] == [False, False, True, True, True]
