@@ -18,8 +18,11 @@ as before. The cost is a page fault per 4 KiB when such a block is first written
 which the device pays anyway for every fresh model.
 
 Only glibc has this threshold. Elsewhere (Android's bionic, musl) the call does
-nothing; so does a process started with ``MALLOC_MMAP_THRESHOLD_`` in its
-environment, which states the user's own choice.
+nothing; so does a process started with ``MALLOC_MMAP_THRESHOLD_`` or a
+``glibc.malloc.mmap_threshold`` tunable in its environment, which states the user's
+own choice. The setting is process-wide and made wherever a model loads, so the
+coordinator and the simulator (which load models too) get it as well; their large
+temporaries then get their own mappings (not measured on its own there).
 """
 
 from __future__ import annotations
@@ -46,13 +49,14 @@ def pin_mmap_threshold(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     -------
     bool
         Whether the threshold is fixed in this process (False off glibc, or when the
-        environment sets ``MALLOC_MMAP_THRESHOLD_``). Calling it again does nothing.
+        environment sets it). Only the first call acts; later ones return its answer.
     """
     global _pinned
     if _pinned is not None:
         return _pinned
     _pinned = False
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+    chosen = "MALLOC_MMAP_THRESHOLD_" in os.environ or "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", "")
+    if not sys.platform.startswith("linux") or chosen:
         return False
     try:
         libc = ctypes.CDLL(None)

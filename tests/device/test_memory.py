@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from device.memory import pin_mmap_threshold
-
 REPO = Path(__file__).resolve().parents[2]
 
 # Runs in a fresh interpreter: the threshold is a process-wide setting, and the test
@@ -56,8 +54,3 @@ def test_a_dropped_model_sized_array_leaves_the_resident_set(zoo_model: Any) -> 
     # Assert: nothing of them stays resident (glibc's dynamic threshold kept 7.6 MB)
     grown_mb = float(out.stdout.strip().splitlines()[-1])
     assert grown_mb < 1.0, f"{grown_mb:.1f} MB of dropped arrays stayed resident"
-
-
-def test_pinning_twice_gives_the_first_answer() -> None:
-    # Execute / Assert: the setting is made once per process
-    assert pin_mmap_threshold() is pin_mmap_threshold()
