@@ -1,11 +1,12 @@
-"""Bytes on the wire and accuracy per codec: fp32 against fp16 and int8 deltas.
+"""Bytes on the wire and accuracy per codec: fp32 against fp16, int8 and int4 deltas.
 
 The ``fedgsp-femnist`` preset (the bundled FEMNIST sample, 51 writers) with
 ``--models`` (MLP and/or CNN) and FedAvg and FedGSP, each run with ``--codec`` fp32,
-fp16 and int8 for every seed of ``--seeds``, in simulation. Bytes are the frames the simulator builds for
-every model it moves (``server/simulation/wire.py``: start models to each member,
-outputs and chain hand-offs), summed over the run. Prints, per codec and strategy
-(and model, when more than one), means over the seeds of per-seed figures:
+fp16, int8 and int4 (``--codecs``) for every seed of ``--seeds``, in simulation.
+Bytes are the frames the simulator builds for every model it moves
+(``server/simulation/wire.py``: start models to each member, outputs and chain
+hand-offs), summed over the run. Prints, per codec and strategy (and model, when more
+than one), means over the seeds of per-seed figures:
 
 * ``wire_bytes_ratio_<codec>_<strategy>``: fp32 bytes / codec bytes (higher is better);
 * ``wire_down_bytes_ratio_…`` / ``wire_up_bytes_ratio_…``: the same for server-to-device
@@ -13,7 +14,8 @@ outputs and chain hand-offs), summed over the run. Prints, per codec and strateg
 * ``wire_acc_delta_pts_<codec>_<strategy>``: final accuracy, codec minus fp32, in points
   (``wire_acc_delta_sd_pts_…``: its standard deviation over the seeds).
 
-Usage: ``python bench/wire.py [--models mlp_femnist cnn_femnist] [--rounds 30] [--seeds 0 1 2]``
+Usage: ``python bench/wire.py [--models mlp_femnist cnn_femnist] [--rounds 30] [--seeds 0 1 2]
+[--codecs fp16 int8 int4]``
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from server.simulation.config import SimulationConfig  # noqa: E402
 from server.simulation.presets import PRESETS  # noqa: E402
 from server.simulation.run import RunResult, run_simulation  # noqa: E402
 
-CODECS = ("fp32", "fp16", "int8")
+CODECS = ("fp32", "fp16", "int8", "int4")
 
 
 def figure(name: str, value: float) -> None:
@@ -68,12 +70,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument(
+        "--codecs", nargs="+", default=list(CODECS[1:]), choices=CODECS[1:], help="codecs to compare with fp32"
+    )
     args = parser.parse_args()
     for model in args.models:
         suffix = "" if len(args.models) == 1 else f"_{model.split('_')[0]}"
         for strategy in args.strategies:
-            runs = [{codec: _run(model, strategy, codec, seed, args) for codec in CODECS} for seed in args.seeds]
-            for codec in CODECS[1:]:
+            codecs = ["fp32", *args.codecs]
+            runs = [{codec: _run(model, strategy, codec, seed, args) for codec in codecs} for seed in args.seeds]
+            for codec in args.codecs:
                 name = f"{codec}_{strategy}{suffix}"
                 ratio = [_bytes(r["fp32"], "wire_bytes") / _bytes(r[codec], "wire_bytes") for r in runs]
                 down = [_bytes(r["fp32"], "wire_bytes_down") / _bytes(r[codec], "wire_bytes_down") for r in runs]

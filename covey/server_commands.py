@@ -311,7 +311,7 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         choices=["auto", "direct", "relay", "mixed"],
         default="auto",
         help="chain hand-offs device to device, through the group manager, or per group from measured "
-        "RTT (auto, the default; int8 runs relay, where hand-offs travel as int8 deltas)",
+        "RTT (auto, the default; int8 and int4 runs relay, where hand-offs travel as deltas)",
     )
     p.add_argument("--deadline", type=float, default=120.0, help="seconds a device may take per task")
     p.add_argument("--seed", type=int, default=0, help="seed of sampling, grouping and device shuffles")

@@ -1,6 +1,6 @@
-"""Downlink deltas: start models sent as ``int8`` deltas against the model a device holds.
+"""Downlink deltas: start models sent as ``int8`` (or ``int4``) deltas against the model a device holds.
 
-In an ``int8`` run a device keeps the last model the server sent it (the start model it
+In an ``int8`` or ``int4`` run a device keeps the last model the server sent it (the start model it
 trained from, which it holds anyway; ``device/waiting.py``), by the sha256 of the
 payload it came in. The server remembers what it sent each device and, once the device
 has answered that task, that the device holds it; the next start model then goes as a
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from device.protocol.codecs import FrameCodec, decode, encode_float, pack, payload_key, quantise
+from device.protocol.codecs import Bits, FrameCodec, decode, encode_float, pack, payload_key, quantise
 
 # Models kept: as many as fit in 2 GiB (1,250 of the FEMNIST MLP, 81 of its CNN). A device
 # whose held model was evicted gets the next one in full; with a fixed 64 models, FedGSP's
@@ -54,7 +54,8 @@ class DownlinkModels:
     Parameters
     ----------
     full : the codec of a full model (the run's downlink codec, ``fp16`` for ``int8``).
-    deltas : send deltas at all (``int8`` runs); otherwise every model goes full.
+    deltas : send deltas at all (``int8`` and ``int4`` runs); otherwise every model goes full.
+    bits : the deltas' width, 8 (``int8`` runs) or 4 (``int4``).
     capacity : models kept in the cache (at least 1); default: as many as fit in
         ``budget_bytes``. Over it, models no device holds or is being sent go first, then
         the least recently used.
@@ -66,12 +67,14 @@ class DownlinkModels:
         full: FrameCodec,
         *,
         deltas: bool,
+        bits: Bits = 8,
         capacity: int | None = None,
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.full, self.deltas, self.capacity, self.budget_bytes = full, deltas, capacity, budget_bytes
+        self.bits = bits
         self._models: OrderedDict[str, np.ndarray] = OrderedDict()
         self._held: dict[str, str] = {}  # device -> key it confirmed holding
         self._sent: dict[str, tuple[str, str]] = {}  # device -> (task id, key) sent, not yet confirmed
@@ -115,7 +118,7 @@ class DownlinkModels:
         if base is not None:
             held = self._models[base]
             self._models.move_to_end(base)
-            payload, codec = pack(quantise(np.asarray(weights, np.float32) - held))
+            payload, codec = pack(quantise(np.asarray(weights, np.float32) - held, self.bits), self.bits)
             received = decode(payload, codec, held)
             down = Downlink(payload, codec, base, payload_key(payload), received)
         else:

@@ -16,6 +16,7 @@ little-endian tensor bytes behind a checked header.
 
 from device.protocol.codecs import (
     DELTA_CODECS,
+    DELTA_WIRE_CODECS,
     FRAME_CODECS,
     WIRE_CODECS,
     ErrorFeedback,
@@ -27,6 +28,7 @@ from device.protocol.codecs import (
     encode_output,
     payload_key,
     upload_codec,
+    wire_bits,
 )
 from device.protocol.frames import (
     DEFAULT_MAX_CHUNK,
@@ -87,6 +89,7 @@ __all__ = [
     "BODY_TYPES",
     "DEFAULT_MAX_CHUNK",
     "DELTA_CODECS",
+    "DELTA_WIRE_CODECS",
     "DTYPES",
     "FRAME_CODECS",
     "FRAME_KINDS",
@@ -148,4 +151,5 @@ __all__ = [
     "payload_key",
     "send_model",
     "upload_codec",
+    "wire_bits",
 ]

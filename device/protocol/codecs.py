@@ -1,4 +1,4 @@
-"""Wire codecs for model payloads: float32, float16, and 8-bit deltas with error feedback.
+"""Wire codecs for model payloads: float32, float16, and 8- or 4-bit deltas with error feedback.
 
 A run picks one :data:`WireCodec` (``covey simulate --codec``, ``covey server run
 --codec``, config key ``codec``); every model frame then names its
@@ -40,6 +40,15 @@ receiver reconstructs):
   codes on the FEMNIST MLP; a downlink delta 1.2x (``docs/results.md``). The receiver
   inflates at most ``n`` bytes and refuses a stream that is corrupt, longer or shorter
   (a small frame can never inflate beyond the model).
+* ``int4`` / ``int4z``: as ``int8`` / ``int8z`` with 16 levels: ``s = (max d_b - lo) /
+  15``, ``q`` in 0..15, two codes per byte (the first in the low nibble; an odd count
+  ends in a zero nibble), so ``nb`` scales and offsets, then ``ceil(n / 2)`` bytes of
+  codes. ``|d̂ - d| <= s / 2 + 2**-22 * max|d_b|`` with that ``s`` (17 times int8's).
+  Why a second width: a dense delta (every weight moves, as in the FEMNIST CNN) does
+  not deflate, so int8 is 4x fewer bytes than float32 at most, and a relayed chain
+  hand-off crosses the wire twice (member to manager, manager to successor): int8
+  FedGSP on the CNN moved 2.6x fewer bytes than fp32, int4 halves that again
+  (``docs/results.md``).
 
 Error feedback (Seide et al., "1-bit stochastic gradient descent", Interspeech 2014;
 Karimireddy et al., "Error feedback fixes SignSGD", ICML 2019, Alg. 2): the sender
@@ -58,17 +67,32 @@ import numpy as np
 
 from device.errors import ProtocolError
 
-FrameCodec = Literal["raw", "fp16", "int8", "int8z"]
-FRAME_CODECS: tuple[str, ...] = ("raw", "fp16", "int8", "int8z")
-DELTA_CODECS: tuple[str, ...] = ("int8", "int8z")  # payloads against a base the receiver holds
-WireCodec = Literal["fp32", "fp16", "int8"]
-WIRE_CODECS: tuple[str, ...] = ("fp32", "fp16", "int8")
-BLOCK = 256  # values per int8 block: 8 bytes of scale and offset per 256 bytes of codes
+FrameCodec = Literal["raw", "fp16", "int8", "int8z", "int4", "int4z"]
+FRAME_CODECS: tuple[str, ...] = ("raw", "fp16", "int8", "int8z", "int4", "int4z")
+DELTA_CODECS: tuple[str, ...] = ("int8", "int8z", "int4", "int4z")  # payloads against a base the receiver holds
+WireCodec = Literal["fp32", "fp16", "int8", "int4"]
+WIRE_CODECS: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
+DELTA_WIRE_CODECS: tuple[str, ...] = ("int8", "int4")  # runs whose models travel as deltas where they can
+Bits = Literal[8, 4]
+BLOCK = 256  # values per block: 8 bytes of scale and offset per 256 codes (256 bytes int8, 128 int4)
+_BITS: dict[str, Bits] = {"int8": 8, "int8z": 8, "int4": 4, "int4z": 4}
+
+
+def delta_bits(codec: str) -> Bits:
+    """Bits per code of a delta codec (frame ``int8``/``int8z``: 8, ``int4``/``int4z``: 4;
+    run ``int8``: 8, ``int4``: 4)."""
+    return _BITS[codec]
+
+
+def wire_bits(wire: WireCodec) -> Bits | None:
+    """The delta width of a run with codec ``wire`` (8 for ``int8``, 4 for ``int4``), or
+    None for runs that send full models only (``fp32``, ``fp16``)."""
+    return _BITS.get(wire)
 
 
 def downlink_codec(wire: WireCodec) -> FrameCodec:
     """How the server sends full models in a run with codec ``wire``: float16 for
-    ``fp16`` and ``int8`` runs. In ``int8`` runs a start model goes as a delta instead
+    ``fp16``, ``int8`` and ``int4`` runs. In the last two a start model goes as a delta instead
     when the server knows what the device holds (``server/downlink.py``)."""
     return "raw" if wire == "fp32" else "fp16"
 
@@ -76,7 +100,7 @@ def downlink_codec(wire: WireCodec) -> FrameCodec:
 def upload_codec(wire: WireCodec) -> FrameCodec:
     """How a device sends its trained model (to the manager or, in a chain, its
     successor) in a run with codec ``wire``."""
-    return {"fp32": "raw", "fp16": "fp16", "int8": "int8"}[wire]  # type: ignore[return-value]
+    return {"fp32": "raw", "fp16": "fp16", "int8": "int8", "int4": "int4"}[wire]  # type: ignore[return-value]
 
 
 def payload_key(encoded: np.ndarray) -> str:
@@ -109,86 +133,134 @@ def encode_float(weights: np.ndarray, codec: FrameCodec) -> np.ndarray:
     raise ValueError(f"{codec!r} is not a full-model codec")
 
 
-# -- int8 deltas -------------------------------------------------------------------------------
-def quantise(delta: np.ndarray) -> np.ndarray:
-    """The ``int8`` payload of ``delta``: per block of :data:`BLOCK`, a float32 scale
-    and offset and uint8 codes (layout and error bound in the module docstring)."""
+# -- int8 / int4 deltas -----------------------------------------------------------------------
+def code_bytes(n: int, bits: Bits = 8) -> int:
+    """Bytes of the codes of ``n`` values (int4: two per byte, the first in the low nibble)."""
+    return -(-n * bits // 8)
+
+
+def delta_length(n: int, bits: Bits = 8) -> int:
+    """Bytes of the ``int8`` (``bits`` 8) or ``int4`` (4) payload of ``n`` values."""
+    return code_bytes(n, bits) + 8 * -(-n // BLOCK)
+
+
+def int8_length(n: int) -> int:
+    """Bytes of the ``int8`` payload of ``n`` values."""
+    return delta_length(n, 8)
+
+
+def _head_blocks(total: int, bits: Bits) -> int:
+    """Blocks of a payload of ``total`` bytes (whole blocks fill ``8 + BLOCK * bits / 8``
+    bytes, a partial last one fewer)."""
+    return -(-total // (8 + BLOCK * bits // 8))
+
+
+def quantise(delta: np.ndarray, bits: Bits = 8) -> np.ndarray:
+    """The ``int8`` (``bits`` 8) or ``int4`` (4) payload of ``delta``: per block of
+    :data:`BLOCK`, a float32 scale and offset, then the codes (layout and error bound in
+    the module docstring)."""
     d = np.asarray(delta, np.float32).reshape(-1)
     if not np.isfinite(d).all():
         raise ValueError("delta holds NaN or infinite values")
     n = d.size
     nb = -(-n // BLOCK)
+    levels = (1 << bits) - 1
     padded = np.zeros(nb * BLOCK, np.float32)
     padded[:n] = d
     if n % BLOCK:
         padded[n:] = d[(nb - 1) * BLOCK]  # pad with a value of the last block: its range is unchanged
     blocks = padded.reshape(nb, BLOCK)
     lo = blocks.min(axis=1)
-    scale = (blocks.max(axis=1) - lo) / np.float32(255.0)
+    scale = (blocks.max(axis=1) - lo) / np.float32(levels)
     safe = np.where(scale > 0, scale, np.float32(1.0))
     codes = np.rint((blocks - lo[:, None]) / safe[:, None])
-    codes = np.clip(codes, 0, 255).astype(np.uint8).reshape(-1)[:n]
+    codes = np.clip(codes, 0, levels).astype(np.uint8).reshape(-1)[:n]
+    if bits == 4:
+        codes = _to_nibbles(codes)
     head = np.concatenate([scale.astype("<f4"), lo.astype("<f4")]).view(np.uint8)
     return np.concatenate([head, codes])
 
 
-def pack(payload: np.ndarray) -> tuple[np.ndarray, FrameCodec]:
-    """An ``int8`` payload as it goes on the wire: ``int8z`` (codes deflated) if that is
-    smaller, else as it is."""
-    nb = -(-(payload.size) // (BLOCK + 8))
+def _to_nibbles(codes: np.ndarray) -> np.ndarray:
+    """4-bit codes two per byte, the first in the low nibble (an odd count ends in a 0)."""
+    if codes.size % 2:
+        codes = np.concatenate([codes, np.zeros(1, np.uint8)])
+    return codes[0::2] | (codes[1::2] << 4)
+
+
+def _from_nibbles(packed: np.ndarray, n: int) -> np.ndarray:
+    """The ``n`` 4-bit codes of ``packed`` (:func:`_to_nibbles`), one per byte."""
+    out = np.empty(2 * packed.size, np.uint8)
+    out[0::2] = packed & 0x0F
+    out[1::2] = packed >> 4
+    return out[:n]
+
+
+def pack(payload: np.ndarray, bits: Bits = 8) -> tuple[np.ndarray, FrameCodec]:
+    """A delta payload as it goes on the wire: ``int8z`` / ``int4z`` (codes deflated) if
+    that is smaller, else as it is (``int8`` / ``int4``)."""
+    nb = _head_blocks(payload.size, bits)
     packed = np.concatenate([payload[: 8 * nb], np.frombuffer(zlib.compress(payload[8 * nb :].tobytes()), np.uint8)])
-    return (packed, "int8z") if packed.size < payload.size else (payload, "int8")
+    plain, deflated = ("int8", "int8z") if bits == 8 else ("int4", "int4z")
+    return (packed, deflated) if packed.size < payload.size else (payload, plain)  # type: ignore[return-value]
 
 
-def unpack(packed: np.ndarray, n: int) -> np.ndarray:
-    """The ``int8`` payload of ``n`` values an ``int8z`` payload holds.
+def unpack(packed: np.ndarray, n: int, bits: Bits = 8) -> np.ndarray:
+    """The ``int8`` (``int4``) payload of ``n`` values an ``int8z`` (``int4z``) payload holds.
 
     Raises
     ------
     ProtocolError
-        If the stream is corrupt, or inflates to more or fewer than ``n`` codes (it
-        is never inflated beyond ``n`` bytes).
+        If the stream is corrupt, or inflates to more or fewer bytes than the codes of
+        ``n`` values (it is never inflated beyond them).
     """
     nb = -(-n // BLOCK)
+    want = code_bytes(n, bits)
+    name = f"int{bits}z"
     if packed.dtype != np.uint8 or packed.ndim != 1 or packed.size <= 8 * nb:
-        raise ProtocolError(f"an int8z payload of {packed.size} bytes cannot hold {n} values")
+        raise ProtocolError(f"an {name} payload of {packed.size} bytes cannot hold {n} values")
     inflater = zlib.decompressobj()
     try:
-        codes = inflater.decompress(packed[8 * nb :].tobytes(), n)
+        codes = inflater.decompress(packed[8 * nb :].tobytes(), want)
     except zlib.error as e:
-        raise ProtocolError(f"an int8z payload's codes do not inflate (corrupt): {e}") from None
-    if len(codes) != n or inflater.unconsumed_tail or not inflater.eof or inflater.unused_data:
-        raise ProtocolError(f"an int8z payload's codes do not inflate to exactly {n} bytes (corrupt or oversized)")
+        raise ProtocolError(f"an {name} payload's codes do not inflate (corrupt): {e}") from None
+    if len(codes) != want or inflater.unconsumed_tail or not inflater.eof or inflater.unused_data:
+        raise ProtocolError(f"an {name} payload's codes do not inflate to exactly {want} bytes (corrupt or oversized)")
     return np.concatenate([packed[: 8 * nb], np.frombuffer(codes, np.uint8)])
 
 
-def int8_length(n: int) -> int:
-    """Bytes of the ``int8`` payload of ``n`` values."""
-    return n + 8 * -(-n // BLOCK)
+def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8) -> np.ndarray:
+    """The float32 delta an ``int8`` (``bits`` 8) or ``int4`` (4) payload holds.
 
-
-def dequantise(payload: np.ndarray) -> np.ndarray:
-    """The float32 delta an ``int8`` payload holds.
+    Parameters
+    ----------
+    payload : the payload (uint8).
+    n : the number of values; by default as many as the codes hold (an ``int4``
+        payload of an odd count holds one code more, which ``n`` drops).
+    bits : 8 or 4.
 
     Raises
     ------
     ProtocolError
-        If the length fits no number of values or a scale or offset is negative
-        or not finite (a corrupt payload).
+        If the length fits no number of values (or not ``n``), or a scale or offset is
+        negative or not finite (a corrupt payload).
     """
     raw = np.asarray(payload)
+    name = f"int{bits}"
     if raw.dtype != np.uint8 or raw.ndim != 1:
-        raise ProtocolError(f"an int8 payload is a 1-D uint8 array, got {raw.dtype} {raw.shape}")
+        raise ProtocolError(f"an {name} payload is a 1-D uint8 array, got {raw.dtype} {raw.shape}")
     total = raw.size
-    nb = -(-total // (BLOCK + 8))
-    n = total - 8 * nb
-    if n <= 0 or int8_length(n) != total:
-        raise ProtocolError(f"an int8 payload of {total} bytes fits no number of values (blocks of {BLOCK})")
+    nb = _head_blocks(total, bits)
+    if n is not None and delta_length(n, bits) != total:
+        raise ProtocolError(f"an {name} delta of {total} bytes does not fit a model of {n} values")
+    n = (total - 8 * nb) * 8 // bits if n is None else n
+    if n <= 0 or delta_length(n, bits) != total:
+        raise ProtocolError(f"an {name} payload of {total} bytes fits no number of values (blocks of {BLOCK})")
     head = raw[: 8 * nb].view("<f4").astype(np.float32)
     scale, lo = head[:nb], head[nb:]
     if not (np.isfinite(head).all() and (scale >= 0).all()):
-        raise ProtocolError("an int8 payload holds a negative or non-finite scale or offset (corrupt)")
-    codes = raw[8 * nb :]
+        raise ProtocolError(f"an {name} payload holds a negative or non-finite scale or offset (corrupt)")
+    codes = raw[8 * nb :] if bits == 8 else _from_nibbles(raw[8 * nb :], n)
     if n % BLOCK:  # the last block padded to a whole one: every block then scales as a row
         codes = np.concatenate([codes, np.zeros(nb * BLOCK - n, np.uint8)])
     blocks = codes.reshape(nb, BLOCK).astype(np.float32)
@@ -196,7 +268,7 @@ def dequantise(payload: np.ndarray) -> np.ndarray:
     blocks += lo[:, None]
     out = blocks.reshape(-1)[:n]
     if not np.isfinite(out).all():
-        raise ProtocolError("an int8 payload decodes to non-finite values (corrupt)")
+        raise ProtocolError(f"an {name} payload decodes to non-finite values (corrupt)")
     return out
 
 
@@ -209,14 +281,14 @@ class ErrorFeedback:
     def __init__(self) -> None:
         self.residual: np.ndarray | None = None
 
-    def encode(self, weights: np.ndarray, base: np.ndarray) -> np.ndarray:
-        """The ``int8`` payload of ``weights - base`` plus the carried residual; keeps
-        the new residual."""
+    def encode(self, weights: np.ndarray, base: np.ndarray, bits: Bits = 8) -> np.ndarray:
+        """The ``int8`` (``bits`` 8) or ``int4`` (4) payload of ``weights - base`` plus
+        the carried residual; keeps the new residual."""
         target = np.asarray(weights, np.float32) - np.asarray(base, np.float32)
         if self.residual is not None and self.residual.shape == target.shape:
             target = target + self.residual
-        payload = quantise(target)
-        self.residual = target - dequantise(payload)
+        payload = quantise(target, bits)
+        self.residual = target - dequantise(payload, target.size, bits)
         return payload
 
 
@@ -231,7 +303,8 @@ def encode_output(
     with the reason. Other codecs: the weights."""
     if codec in DELTA_CODECS:
         if np.isfinite(weights).all():
-            return pack(feedback.encode(weights, start))
+            bits = delta_bits(codec)
+            return pack(feedback.encode(weights, start, bits), bits)
         codec = "raw"
     return encode_float(weights, codec), codec
 
@@ -244,16 +317,16 @@ def decode(encoded: np.ndarray, codec: str, base: np.ndarray | None = None) -> n
     ----------
     encoded : the payload as it arrived (float32, float16 or uint8).
     codec : the header's ``codec``.
-    base : the model the delta is against (``int8`` only).
+    base : the model the delta is against (delta codecs only).
 
     Raises
     ------
     ProtocolError
-        For an unknown codec, a payload whose dtype does not fit its codec, an
-        ``int8`` frame without its base, or a corrupt payload.
+        For an unknown codec, a payload whose dtype does not fit its codec, a
+        delta without its base or of another length, or a corrupt payload.
     """
     arr = np.asarray(encoded).reshape(-1)
-    expected = {"raw": np.float32, "fp16": np.float16, "int8": np.uint8, "int8z": np.uint8}.get(codec)
+    expected = {"raw": np.float32, "fp16": np.float16}.get(codec, np.uint8 if codec in DELTA_CODECS else None)
     if expected is None:
         raise ProtocolError(f"unknown codec {codec!r} (this receiver decodes {', '.join(FRAME_CODECS)})")
     if arr.dtype != expected:
@@ -262,8 +335,7 @@ def decode(encoded: np.ndarray, codec: str, base: np.ndarray | None = None) -> n
         return arr.astype(np.float32, copy=False)
     if base is None:
         raise ProtocolError(f"an {codec} delta without the base model it is against")
-    delta = dequantise(unpack(arr, np.asarray(base).size) if codec == "int8z" else arr)
-    if delta.size != np.asarray(base).size:
-        raise ProtocolError(f"an int8 delta of {delta.size} values against a base of {np.asarray(base).size}")
+    n, bits = np.asarray(base).size, delta_bits(codec)
+    delta = dequantise(unpack(arr, n, bits) if codec.endswith("z") else arr, n, bits)
     delta += np.asarray(base, np.float32).reshape(-1)  # the base plus the delta, in place of the delta
     return delta

@@ -28,7 +28,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 
 from device.errors import ProtocolError
-from device.protocol.codecs import DELTA_CODECS, FrameCodec, decode, int8_length
+from device.protocol.codecs import DELTA_CODECS, FrameCodec, decode, delta_bits, delta_length
 from device.protocol.typed import AtLeast, Identifier, MaxLen, from_body, to_body
 
 log = logging.getLogger("covey.protocol")
@@ -40,7 +40,7 @@ FrameKind = Literal["model", "update", "artifact", "handoff", "result", "probe",
 FRAME_KINDS: tuple[str, ...] = ("model", "update", "artifact", "handoff", "result", "probe", "echo")
 Dtype = Literal["float32", "float16", "uint8"]
 DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
-_CODEC_DTYPES = {"raw": ("float32", "uint8"), "fp16": ("float16",), "int8": ("uint8",), "int8z": ("uint8",)}
+_CODEC_DTYPES = {"raw": ("float32", "uint8"), "fp16": ("float16",)} | {c: ("uint8",) for c in DELTA_CODECS}
 
 
 @dataclass(frozen=True)
@@ -75,9 +75,9 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 class FrameHeader:
     """The header of one frame (every field required but ``codec``, ``base`` and
     ``extra``). ``codec`` says how the payload decodes (``raw``: the array's bytes,
-    float32 or uint8; ``fp16``: float16 weights; ``int8``: a quantised delta, uint8);
-    ``base``: for ``int8`` only and then required, the sha256 of the payload of the
-    model the delta is against."""
+    float32 or uint8; ``fp16``: float16 weights; ``int8``, ``int4`` and their deflated
+    forms ``int8z``, ``int4z``: a quantised delta, uint8); ``base``: for deltas only and
+    then required, the sha256 of the payload of the model the delta is against."""
 
     kind: FrameKind
     run: Annotated[str, Identifier("run id")]
@@ -108,7 +108,7 @@ class FrameHeader:
         if self.dtype not in _CODEC_DTYPES[self.codec]:
             raise ValueError(f"a {self.codec} payload cannot be {self.dtype}")
         if (self.codec in DELTA_CODECS) != (self.base is not None):
-            raise ValueError("an int8 or int8z frame names its base, and only those do")
+            raise ValueError("a delta frame (int8, int8z, int4, int4z) names its base, and only those do")
         if self.base is not None and not _is_sha256(self.base):
             raise ValueError("base must be 64 lowercase hex digits (the base payload's sha256)")
         missing = [k for k in _NEEDS.get(self.kind, ()) if getattr(self.extra, k) is None]
@@ -496,11 +496,13 @@ def check_weights(payload: Payload, n_params: int, bases: Mapping[str, np.ndarra
     if h.base is not None:
         base = (bases or {}).get(h.base)
         if base is None:
-            raise ProtocolError(f"an int8 delta against base {h.base[:16]}, a model this receiver does not hold")
-    if h.codec == "int8" and payload.array.shape[0] != int8_length(n_params):
-        raise ProtocolError(f"an int8 delta of {payload.array.shape[0]} bytes does not fit a model of {n_params}")
-    if h.codec == "int8z" and payload.array.shape[0] >= int8_length(n_params):
-        raise ProtocolError(f"an int8z delta of {payload.array.shape[0]} bytes is no smaller than its int8 payload")
+            raise ProtocolError(f"an {h.codec} delta against base {h.base[:16]}, a model this receiver does not hold")
+    if h.codec in DELTA_CODECS:
+        size, full = payload.array.shape[0], delta_length(n_params, delta_bits(h.codec))
+        if not h.codec.endswith("z") and size != full:
+            raise ProtocolError(f"an {h.codec} delta of {size} bytes does not fit a model of {n_params}")
+        if h.codec.endswith("z") and size >= full:
+            raise ProtocolError(f"an {h.codec} delta of {size} bytes is no smaller than its {h.codec[:-1]} payload")
     arr = decode(payload.array, h.codec, base)
     if arr.shape[0] != n_params:
         raise ProtocolError(f"weights have {arr.shape[0]} values; the model has {n_params}")

@@ -58,6 +58,7 @@ from device.protocol import (
     decode_message,
     downlink_codec,
     send_model,
+    wire_bits,
 )
 from device.runtime import TFLiteModel
 from server.artifact import artifact_for_devices
@@ -148,8 +149,9 @@ class Coordinator(Persistence):
         self.round = 0
         model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
         self.bases: dict[str, np.ndarray] = {}  # this round's start models, by the sha256 of their payload
-        # int8 runs: what each device holds, for downlink deltas (server/downlink.py)
-        self.downlinks = DownlinkModels(downlink_codec(config.codec), deltas=True) if config.codec == "int8" else None
+        # int8 and int4 runs: what each device holds, for downlink deltas (server/downlink.py)
+        bits = wire_bits(config.codec)
+        self.downlinks = None if bits is None else DownlinkModels(downlink_codec(config.codec), deltas=True, bits=bits)
         self._frames = Reassembler(
             max_bytes=model_bytes,
             max_pending_bytes=config.max_pending_mb * 2**20,

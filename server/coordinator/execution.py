@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from device.errors import ProtocolError
-from device.protocol import SERVER_ID, Assignment, Message, Payload, TrainResult
+from device.protocol import DELTA_WIRE_CODECS, SERVER_ID, Assignment, Message, Payload, TrainResult
 from server.coordinator.manager import GroupManager, Handoff
 from server.coordinator.shared import SharedModels
 from server.strategies.base import GroupResult, RoundPlan
@@ -50,8 +50,8 @@ class RoundExecution:
             return "direct" if group_index % 2 == 0 else "relay"
         if mode in ("direct", "relay"):
             return mode  # type: ignore[return-value]
-        if self.coord.cfg.codec == "int8":
-            # relayed hand-offs travel as int8 deltas both ways, a direct one as a full fp16
+        if self.coord.cfg.codec in DELTA_WIRE_CODECS:
+            # relayed hand-offs travel as int8 (int4) deltas both ways, a direct one as a full fp16
             # model: fewer bytes on every link (GroupManager's docstring)
             return "relay"
         devices = self.coord.devices

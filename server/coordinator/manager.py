@@ -22,11 +22,12 @@ to the manager; members that miss the deadline are skipped. The start model is
 published once as a shared, retained model (``server/coordinator/shared.py``).
 
 Codecs (``device/protocol/codecs.py``). The manager sends models in the run's
-downlink codec (float32, or float16 in ``fp16`` and ``int8`` runs) and asks members
+downlink codec (float32, or float16 in ``fp16``, ``int8`` and ``int4`` runs) and asks members
 for their output in the upload codec: an ``int8`` parallel member sends a delta
 against the start model it received, which the coordinator adds to its own float32
 start model (``bases``: payload sha256 -> model), so the float16 rounding of the
-downlink never reaches the aggregate. In an ``int8`` run a start model goes to a
+downlink never reaches the aggregate. ``int4`` runs are ``int8`` runs with 4-bit
+deltas; everything said of ``int8`` here holds for them. In an ``int8`` run a start model goes to a
 device as a delta against the model it holds when the coordinator knows it
 (``server/downlink.py``, ``downlinks``): then by its own frame, not the shared
 broadcast.

@@ -34,6 +34,7 @@ import numpy as np
 from device.data import class_counts
 from device.protocol import (
     DELTA_CODECS,
+    DELTA_WIRE_CODECS,
     ErrorFeedback,
     EvalRow,
     FrameCodec,
@@ -43,6 +44,7 @@ from device.protocol import (
     downlink_codec,
     encode_output,
     upload_codec,
+    wire_bits,
 )
 from server.costs import CostModel
 from server.downlink import DownlinkModels
@@ -117,8 +119,9 @@ class VirtualDevices:
         self.faults = faults or Faults()
         self.codec: WireCodec = codec
         self.handoff: Handoff = handoff
-        self.feedback: dict[str, ErrorFeedback] = {}  # each device's int8 residual, as a board keeps it
-        self.downlinks = DownlinkModels(downlink_codec(codec), deltas=codec == "int8")  # what each device holds
+        self.feedback: dict[str, ErrorFeedback] = {}  # each device's delta residual, as a board keeps it
+        bits = wire_bits(codec)  # what each device holds, for downlink deltas
+        self.downlinks = DownlinkModels(downlink_codec(codec), deltas=bits is not None, bits=bits or 8)
         self._wire = {"down": 0, "up": 0}
         self.federation = federation
         self.ids = sorted(federation)
@@ -171,7 +174,7 @@ class VirtualDevices:
         deltas, as the coordinator picks (``server/coordinator/execution.py``). Outside
         ``int8`` runs relayed and direct hand-offs give the same models, so they run as
         direct ones here."""
-        if self.codec != "int8":
+        if self.codec not in DELTA_WIRE_CODECS:
             return False
         return self.handoff in ("auto", "relay") or (self.handoff == "mixed" and index % 2 == 1)
 

@@ -19,7 +19,7 @@ from device.protocol import (
     parse_frame,
     payload_key,
 )
-from device.protocol.codecs import BLOCK, dequantise, int8_length, pack, quantise, unpack
+from device.protocol.codecs import BLOCK, Bits, delta_length, dequantise, int8_length, pack, quantise, unpack
 from tests.device.test_protocol import _rebuild
 
 
@@ -27,11 +27,12 @@ def _weights(n: int = 5_000, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 0.1, n).astype(np.float32)
 
 
-def _int8_bound(delta: np.ndarray) -> np.ndarray:
-    """Per value: half a step of its block plus float32 rounding (codecs docstring)."""
+def _int8_bound(delta: np.ndarray, bits: Bits = 8) -> np.ndarray:
+    """Per value: half a step of its block plus float32 rounding (codecs docstring; a
+    step is the block's range over 255 levels for int8, 15 for int4)."""
     n = delta.size
     pad = np.concatenate([delta, np.full(-n % BLOCK, delta[-1])]).reshape(-1, BLOCK)
-    step = (pad.max(1) - pad.min(1)) / 255
+    step = (pad.max(1) - pad.min(1)) / ((1 << bits) - 1)
     big = np.abs(pad).max(1)
     return np.repeat(step / 2 + 2.0**-22 * big, BLOCK)[:n]
 
@@ -49,17 +50,37 @@ def test_fp16_round_trip_within_its_relative_bound() -> None:
     assert np.all(np.abs(back - w) <= bound)
 
 
-def test_int8_round_trip_within_half_a_step_per_block() -> None:
-    scales = np.repeat(np.array([1.0, 0.01, 10.0, 0.0, 0.5]), BLOCK)[:1_100]  # blocks differ; the last is partial
-    d = (_weights(1_100) * scales).astype(np.float32)
-    payload = quantise(d)
-    assert payload.dtype == np.uint8 and payload.size == int8_length(d.size) == 1_100 + 8 * 5
-    back = dequantise(payload)
-    assert np.all(np.abs(back - d) <= _int8_bound(d))
+@pytest.mark.parametrize(
+    ("bits", "n", "size"), [(8, 1_100, 1_100 + 8 * 5), (4, 1_100, 550 + 8 * 5), (4, 1_101, 551 + 8 * 5)]
+)
+def test_delta_round_trip_within_half_a_step_per_block(bits: Bits, n: int, size: int) -> None:
+    """int8: 255 steps per block, one byte per code; int4: 15 steps, two codes per byte
+    (an odd count ends in a half-used byte, which the receiver's count drops)."""
+    scales = np.repeat(np.array([1.0, 0.01, 10.0, 0.0, 0.5]), BLOCK)[:n]  # blocks differ; the last is partial
+    d = (_weights(n) * scales).astype(np.float32)
+    payload = quantise(d, bits)
+    assert payload.dtype == np.uint8 and payload.size == delta_length(n, bits) == size
+    back = dequantise(payload, n, bits)
+    assert back.size == n
+    assert np.all(np.abs(back - d) <= _int8_bound(d, bits))
     assert np.array_equal(back[3 * BLOCK : 4 * BLOCK], d[3 * BLOCK : 4 * BLOCK])  # a constant block is exact
+    if bits == 4:
+        coarse = np.abs(back - d)[: 3 * BLOCK].mean()
+        fine = np.abs(dequantise(quantise(d)) - d)[: 3 * BLOCK].mean()
+        assert coarse > 8 * fine  # truly 16 levels, not 256: 17 times the int8 step
 
 
-def test_error_feedback_carries_the_residual() -> None:
+def test_int4_codes_are_two_per_byte_low_nibble_first() -> None:
+    d = np.array([0.0, 15.0, 5.0, 10.0, 1.0], np.float32)  # one block: lo 0, step 1, codes as given
+    payload = quantise(d, 4)
+    assert payload.view(np.uint8)[8:].tolist() == [0xF0, 0xA5, 0x01]
+    assert np.array_equal(dequantise(payload, 5, 4), d)
+    with pytest.raises(ProtocolError, match="does not fit a model of 7"):
+        dequantise(payload, 7, 4)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_error_feedback_carries_the_residual(bits: Bits) -> None:
     """Over many steps the decoded deltas sum to the true deltas up to the last
     residual alone; without feedback the quantisation error accumulates."""
     rng = np.random.default_rng(1)
@@ -71,15 +92,16 @@ def test_error_feedback_carries_the_residual() -> None:
     for _ in range(200):
         d = (rng.normal(0, 0.01, base.size) + 0.001).astype(np.float32)  # a small bias quantisation rounds off
         meant += d
-        sent += dequantise(fb.encode(base + d, base))
-        plain += dequantise(quantise(d))
+        sent += dequantise(fb.encode(base + d, base, bits), base.size, bits)
+        plain += dequantise(quantise(d, bits), base.size, bits)
     assert fb.residual is not None
-    np.testing.assert_allclose(sent + fb.residual, meant, atol=1e-4)
+    np.testing.assert_allclose(sent + fb.residual, meant, atol=1e-4 if bits == 8 else 1e-3)
     assert np.abs(meant - sent).max() <= np.abs(fb.residual).max() + 1e-4
     assert np.abs(meant - sent).mean() < np.abs(meant - plain).mean() / 3
 
 
-def test_a_chain_of_ten_int8_hand_offs_stays_within_the_stated_bound_of_the_fp32_chain() -> None:
+@pytest.mark.parametrize(("bits", "codec"), [(8, "int8"), (4, "int4")])
+def test_a_chain_of_ten_delta_hand_offs_stays_within_the_stated_bound_of_the_fp32_chain(bits: Bits, codec: str) -> None:
     """Each hand-off is the chain's model as a delta against the group's start model
     (which every member holds). A member trains from the model it decoded, so each
     hop's error is carried on, but never re-quantised: after k hand-offs the int8
@@ -93,8 +115,8 @@ def test_a_chain_of_ten_int8_hand_offs_stays_within_the_stated_bound_of_the_fp32
         step = rng.normal(0, 0.01, start.size).astype(np.float32)  # member i's training
         exact = exact + step
         trained = current + step
-        current = decode(ErrorFeedback().encode(trained, start), "int8", start)  # each member its own sender
-        allowed += _int8_bound(trained - start)
+        current = decode(ErrorFeedback().encode(trained, start, bits), codec, start)  # each member its own sender
+        allowed += _int8_bound(trained - start, bits)
         assert np.all(np.abs(current - exact) <= allowed + 1e-6), f"hand-off {i + 1}"
     assert np.abs(current - exact).mean() < allowed.mean() / 2  # independent errors do not line up
 
@@ -144,7 +166,7 @@ def test_unknown_or_corrupt_codec_fields_are_refused_with_a_reason() -> None:
     delta = ErrorFeedback().encode(trained, start)
     frame = _one_frame(delta, codec="int8", base=base, extra=FrameExtra("t1"))
     with pytest.raises(ProtocolError, match="codec must be one of"):
-        parse_frame(_rebuild(frame, codec="int4"))
+        parse_frame(_rebuild(frame, codec="int3"))
     with pytest.raises(ProtocolError, match="names its base"):
         parse_frame(_rebuild(frame, base=None))
     with pytest.raises(ProtocolError, match="base must be 64"):
@@ -171,6 +193,36 @@ def test_unknown_or_corrupt_codec_fields_are_refused_with_a_reason() -> None:
         dequantise(delta[:270])  # 2 blocks need 16 bytes of scales and offsets and 257 codes at least
     with pytest.raises(ProtocolError, match="unknown codec"):
         decode(delta, "zstd")
+    with pytest.raises(ProtocolError, match="an int4 delta of 624 bytes does not fit a model of 600"):
+        check_weights(Reassembler().add(_rebuild(frame, codec="int4")), 600, {base: start})  # type: ignore[arg-type]
+
+
+def test_int4_frames_decode_with_the_base_held_and_deflate_losslessly() -> None:
+    start = _weights(5_001)
+    trained = start.copy()
+    trained[:1_000] += _weights(1_000, seed=3) * 0.01
+    base = payload_key(encode_float(start, "fp16"))
+    payload, codec = encode_output(trained, start, "int4", ErrorFeedback())
+    assert codec == "int4z" and payload.size < delta_length(5_001, 4) / 2
+    assert np.array_equal(unpack(payload, 5_001, 4), quantise(trained - start, 4))
+    frame = Reassembler().add(_one_frame(payload, codec=codec, base=base, extra=FrameExtra("t1")))
+    assert frame is not None and frame.header.codec == "int4z"
+    got = check_weights(frame, 5_001, {base: start})
+    assert np.all(np.abs(got - trained) <= _int8_bound(trained - start, 4))
+    noise = quantise(np.random.default_rng(1).uniform(-1, 1, 5_000).astype(np.float32), 4)
+    assert pack(noise, 4)[1] == "int4"  # 4-bit codes of noise do not deflate
+    oversized = Reassembler().add(
+        _one_frame(np.concatenate([payload, payload]), codec="int4z", base=base, extra=FrameExtra("t1"))
+    )
+    assert oversized is not None
+    with pytest.raises(ProtocolError, match="oversized"):
+        check_weights(oversized, 5_001, {base: start})
+    with pytest.raises(ProtocolError, match="exactly 2501 bytes"):
+        decode(
+            np.concatenate([payload[:160], np.frombuffer(__import__("zlib").compress(bytes(4_000)), np.uint8)]),
+            "int4z",
+            start,
+        )
 
 
 def test_int8z_deflates_runs_of_equal_codes_losslessly() -> None:

@@ -13,13 +13,14 @@ from server.simulation.wire import frame_bytes
 
 
 @pytest.mark.parametrize("n", [1, 1_000, 700_001])  # one frame, one frame, several chunks
-@pytest.mark.parametrize("codec", ["raw", "fp16", "int8"])
+@pytest.mark.parametrize("codec", ["raw", "fp16", "int8", "int4"])
 def test_the_counted_size_is_the_length_of_the_frames_built(n: int, codec: str) -> None:
     # Prepare: a payload as the codec encodes it
     rng = np.random.default_rng(n)
     weights = rng.normal(0, 0.1, n).astype(np.float32)
-    if codec == "int8":
-        payload, used = pack(ErrorFeedback().encode(weights, np.zeros_like(weights)))
+    if codec in ("int8", "int4"):
+        bits = 8 if codec == "int8" else 4
+        payload, used = pack(ErrorFeedback().encode(weights, np.zeros_like(weights), bits), bits)
     else:
         payload, used = encode_float(weights, codec), codec  # type: ignore[arg-type]
     kwargs = dict(
@@ -31,7 +32,7 @@ def test_the_counted_size_is_the_length_of_the_frames_built(n: int, codec: str) 
         max_chunk=1 << 20,
         extra=FrameExtra("task-r12-g3-p1", position=1),
         codec=used,
-        base="a" * 64 if used.startswith("int8") else None,
+        base="a" * 64 if used.startswith("int") else None,
     )
 
     # Execute
