@@ -43,7 +43,7 @@ class Downlink:
 
     payload: np.ndarray
     codec: FrameCodec
-    base: str | None  # the sha256 the int8 delta is against
+    base: str | None  # the sha256 the delta is against
     key: str  # the sha256 of this payload: what the device will hold
     received: np.ndarray  # the float32 model the device decodes
 
@@ -53,7 +53,7 @@ class DownlinkModels:
 
     Parameters
     ----------
-    full : the codec of a full model (the run's downlink codec, ``fp16`` for ``int8``).
+    full : the codec of a full model (the run's downlink codec, ``fp16`` for ``int8`` and ``int4``).
     deltas : send deltas at all (``int8`` and ``int4`` runs); otherwise every model goes full.
     bits : the deltas' width, 8 (``int8`` runs) or 4 (``int4``).
     capacity : models kept in the cache (at least 1); default: as many as fit in
@@ -104,7 +104,7 @@ class DownlinkModels:
 
     def encode(self, device: str, weights: np.ndarray) -> Downlink:
         """``weights`` as they go to ``device``: a delta against its held model if the
-        cache has it (``int8`` runs), the full model otherwise."""
+        cache has it (``int8`` and ``int4`` runs), the full model otherwise."""
         base = self.base_of(device) if self.deltas else None
         if self._encoded_for is None or not np.array_equal(weights, self._encoded_for):  # a new model
             self._encoded, self._encoded_for = {}, np.array(weights, np.float32, copy=True)
@@ -118,7 +118,7 @@ class DownlinkModels:
         if base is not None:
             held = self._models[base]
             self._models.move_to_end(base)
-            payload, codec = pack(quantise(np.asarray(weights, np.float32) - held, self.bits), self.bits)
+            payload, codec = pack(quantise(np.asarray(weights, np.float32) - held, self.bits), bits=self.bits)
             received = decode(payload, codec, held)
             down = Downlink(payload, codec, base, payload_key(payload), received)
         else:

@@ -3,7 +3,7 @@
 A run picks one :data:`WireCodec` (``covey simulate --codec``, ``covey server run
 --codec``, config key ``codec``); every model frame then names its
 :data:`FrameCodec` in the header (``codec``), so a receiver always knows how to
-decode it, and an ``int8`` frame also names its ``base``. The frame's ``sha256``
+decode it, and a delta frame (``int8``, ``int4``) also names its ``base``. The frame's ``sha256``
 covers the *encoded* bytes, the bytes that were sent (``device/protocol/frames.py``).
 
 Frame codecs and their error bounds (``x`` the float32 weights, ``x̂`` what the
@@ -42,13 +42,15 @@ receiver reconstructs):
   (a small frame can never inflate beyond the model).
 * ``int4`` / ``int4z``: as ``int8`` / ``int8z`` with 16 levels: ``s = (max d_b - lo) /
   15``, ``q`` in 0..15, two codes per byte (the first in the low nibble; an odd count
-  ends in a zero nibble), so ``nb`` scales and offsets, then ``ceil(n / 2)`` bytes of
-  codes. ``|d̂ - d| <= s / 2 + 2**-22 * max|d_b|`` with that ``s`` (17 times int8's).
+  ends in a zero nibble, which the receiver checks), so ``nb`` scales and offsets,
+  then ``ceil(n / 2)`` bytes of codes; ``int4z`` deflates those bytes, and the
+  receiver inflates at most ``ceil(n / 2)``. ``|d̂ - d| <= s / 2 + 2**-22 * max|d_b|`` with that ``s`` (17 times int8's).
   Why a second width: a dense delta (every weight moves, as in the FEMNIST CNN) does
   not deflate, so int8 is 4x fewer bytes than float32 at most, and a relayed chain
   hand-off crosses the wire twice (member to manager, manager to successor): int8
-  FedGSP on the CNN moved 2.6x fewer bytes than fp32, int4 halves that again
-  (``docs/results.md``).
+  FedGSP on the CNN moved 2.6x fewer bytes than fp32. int4 halves each delta's codes
+  (not the full fp16 models a device gets the first time); measured in
+  ``docs/results.md``.
 
 Error feedback (Seide et al., "1-bit stochastic gradient descent", Interspeech 2014;
 Karimireddy et al., "Error feedback fixes SignSGD", ICML 2019, Alg. 2): the sender
@@ -122,7 +124,7 @@ def encode_float(weights: np.ndarray, codec: FrameCodec) -> np.ndarray:
     Raises
     ------
     ValueError
-        For ``int8``: a delta needs a base (:class:`ErrorFeedback`).
+        For a delta codec: a delta needs a base (:class:`ErrorFeedback`).
     """
     x = np.asarray(weights, np.float32).reshape(-1)
     if codec == "raw":
@@ -196,16 +198,17 @@ def _from_nibbles(packed: np.ndarray, n: int) -> np.ndarray:
     return out[:n]
 
 
-def pack(payload: np.ndarray, bits: Bits = 8) -> tuple[np.ndarray, FrameCodec]:
+def pack(payload: np.ndarray, *, bits: Bits) -> tuple[np.ndarray, FrameCodec]:
     """A delta payload as it goes on the wire: ``int8z`` / ``int4z`` (codes deflated) if
-    that is smaller, else as it is (``int8`` / ``int4``)."""
+    that is smaller, else as it is (``int8`` / ``int4``). ``bits``: the payload's code
+    width (no default: the header's length depends on it)."""
     nb = _head_blocks(payload.size, bits)
     packed = np.concatenate([payload[: 8 * nb], np.frombuffer(zlib.compress(payload[8 * nb :].tobytes()), np.uint8)])
     plain, deflated = ("int8", "int8z") if bits == 8 else ("int4", "int4z")
     return (packed, deflated) if packed.size < payload.size else (payload, plain)  # type: ignore[return-value]
 
 
-def unpack(packed: np.ndarray, n: int, bits: Bits = 8) -> np.ndarray:
+def unpack(packed: np.ndarray, n: int, *, bits: Bits) -> np.ndarray:
     """The ``int8`` (``int4``) payload of ``n`` values an ``int8z`` (``int4z``) payload holds.
 
     Raises
@@ -214,9 +217,11 @@ def unpack(packed: np.ndarray, n: int, bits: Bits = 8) -> np.ndarray:
         If the stream is corrupt, or inflates to more or fewer bytes than the codes of
         ``n`` values (it is never inflated beyond them).
     """
+    name = f"int{bits}z"
+    if n <= 0:  # zlib reads a limit of 0 as none at all
+        raise ProtocolError(f"an {name} payload against an empty base")
     nb = -(-n // BLOCK)
     want = code_bytes(n, bits)
-    name = f"int{bits}z"
     if packed.dtype != np.uint8 or packed.ndim != 1 or packed.size <= 8 * nb:
         raise ProtocolError(f"an {name} payload of {packed.size} bytes cannot hold {n} values")
     inflater = zlib.decompressobj()
@@ -260,12 +265,15 @@ def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8) -> np.
     scale, lo = head[:nb], head[nb:]
     if not (np.isfinite(head).all() and (scale >= 0).all()):
         raise ProtocolError(f"an {name} payload holds a negative or non-finite scale or offset (corrupt)")
+    if bits == 4 and n % 2 and raw[-1] >> 4:
+        raise ProtocolError("an int4 payload of an odd count must end in a zero nibble (corrupt)")
     codes = raw[8 * nb :] if bits == 8 else _from_nibbles(raw[8 * nb :], n)
     if n % BLOCK:  # the last block padded to a whole one: every block then scales as a row
         codes = np.concatenate([codes, np.zeros(nb * BLOCK - n, np.uint8)])
     blocks = codes.reshape(nb, BLOCK).astype(np.float32)
-    blocks *= scale[:, None]  # lo + q * s, as in the module docstring, one block per row
-    blocks += lo[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):  # a corrupt scale: refused just below
+        blocks *= scale[:, None]  # lo + q * s, as in the module docstring, one block per row
+        blocks += lo[:, None]
     out = blocks.reshape(-1)[:n]
     if not np.isfinite(out).all():
         raise ProtocolError(f"an {name} payload decodes to non-finite values (corrupt)")
@@ -273,7 +281,7 @@ def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8) -> np.
 
 
 class ErrorFeedback:
-    """A sender's residual of its last int8 quantisation (error feedback).
+    """A sender's residual of its last int8 or int4 quantisation (error feedback).
 
     One per sender and model; kept in memory (a restarted device starts again from
     zero, which only loses the last residual)."""
@@ -297,14 +305,14 @@ def encode_output(
 ) -> tuple[np.ndarray, FrameCodec]:
     """What a device sends for its trained ``weights``: the payload and its codec.
 
-    ``int8``: the delta against ``start`` (the model it trained from, as received)
+    ``int8`` (``int4``): the delta against ``start`` (the model it trained from, as received)
     through the device's ``feedback``, deflated if that is smaller (:func:`pack`);
     non-finite weights cannot be quantised and go ``raw``, for the receiver to refuse
     with the reason. Other codecs: the weights."""
     if codec in DELTA_CODECS:
         if np.isfinite(weights).all():
             bits = delta_bits(codec)
-            return pack(feedback.encode(weights, start, bits), bits)
+            return pack(feedback.encode(weights, start, bits), bits=bits)
         codec = "raw"
     return encode_float(weights, codec), codec
 
@@ -336,6 +344,6 @@ def decode(encoded: np.ndarray, codec: str, base: np.ndarray | None = None) -> n
     if base is None:
         raise ProtocolError(f"an {codec} delta without the base model it is against")
     n, bits = np.asarray(base).size, delta_bits(codec)
-    delta = dequantise(unpack(arr, n, bits) if codec.endswith("z") else arr, n, bits)
+    delta = dequantise(unpack(arr, n, bits=bits) if codec.endswith("z") else arr, n, bits)
     delta += np.asarray(base, np.float32).reshape(-1)  # the base plus the delta, in place of the delta
     return delta

@@ -4,7 +4,7 @@
 
 The header (:class:`FrameHeader`) names the kind, run, round, group (``-1`` for
 none), sender, message id, chunk index and count, the chunk size, dtype, shape, byte
-count, the codec of the payload (``device/protocol/codecs.py``; an ``int8`` delta also
+count, the codec of the payload (``device/protocol/codecs.py``; an ``int8`` or ``int4`` delta also
 names its ``base``) and the sha256 of the *whole* payload as sent (the encoded bytes,
 not the weights they decode to). Payloads above
 ``max_chunk`` bytes travel as several frames (EMQX's default packet limit is 1 MB)
@@ -226,7 +226,7 @@ def encode_frames(
     """Frames carrying ``array`` (little-endian), chunked above ``max_chunk`` bytes.
 
     ``array`` is the payload as encoded by ``codec`` (``device/protocol/codecs.py``);
-    ``base`` names the model an ``int8`` delta is against."""
+    ``base`` names the model a delta (``int8``, ``int4``) is against."""
     body, data, n_chunks = _frame_parts(
         array,
         kind=kind,
@@ -486,7 +486,7 @@ def check_weights(payload: Payload, n_params: int, bases: Mapping[str, np.ndarra
     """The finite float32 vector of the model's length a model payload decodes to.
 
     ``bases``: the models this receiver holds, by the sha256 of the payload they came
-    in, for ``int8`` deltas (``device/protocol/codecs.py``). A delta against a base
+    in, for ``int8`` and ``int4`` deltas (``device/protocol/codecs.py``). A delta against a base
     the receiver does not hold, an unknown codec, a payload of the wrong dtype or
     length, or NaN weights are refused (:class:`ProtocolError`)."""
     h = payload.header

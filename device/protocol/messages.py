@@ -207,10 +207,10 @@ class TrainRequest:
     ``device/<id>/frames`` or as the shared key in ``shared``) or, with direct
     hand-offs, from the predecessor device on ``device/<id>/frames/from/<predecessor>``
     (the server may also send it when the predecessor was skipped). ``codec``: how to
-    send the output (``device/protocol/codecs.py``); an ``int8`` output is a delta
-    against the model that arrived for this task. ``discard_start``: the server will
-    never send a start model as an ``int8`` delta against this one (runs other than
-    ``int8``, ``server/downlink.py``), so the device need not keep it and may train into
+    send the output (``device/protocol/codecs.py``); an ``int8`` (``int4``) output is a
+    delta against the model that arrived for this task. ``discard_start``: the server will
+    never send a start model as a delta against this one (runs other than ``int8`` and
+    ``int4``, ``server/downlink.py``), so the device need not keep it and may train into
     its buffer (``TFLiteModel.train(reuse_start=True)``), one model less at its memory
     peak. Absent (a coordinator that predates it): the device keeps it, which is safe."""
 

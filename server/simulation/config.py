@@ -135,7 +135,7 @@ class SimulationConfig:
     trim: float = 0.2
     topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
     link_grouping: bool = True  # strategies get the topology's matrices (False: they time the rounds only)
-    codec: str = "fp32"  # how models travel (device/protocol/codecs.py): fp32, fp16, int8
+    codec: str = "fp32"  # how models travel (device/protocol/codecs.py): fp32, fp16, int8, int4
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 

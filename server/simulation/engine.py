@@ -10,11 +10,11 @@ is the driver and this backend together.
 
 Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
 the same choice the coordinator's group managers make): start models in the downlink
-codec (``int8``: a delta against the model the device holds when the server knows it,
-``server/downlink.py``, with the same bookkeeping as the coordinator), parallel outputs
-in the upload codec (``int8``: a delta against the start model as received, with each
-device's error feedback, added to the float32 start model), chain hand-offs in the
-downlink codec, except in ``int8`` runs, where they are relayed through the manager as
+codec (``int8``, ``int4``: a delta against the model the device holds when the server
+knows it, ``server/downlink.py``, with the same bookkeeping as the coordinator), parallel
+outputs in the upload codec (``int8``, ``int4``: a delta against the start model as
+received, with each device's error feedback, added to the float32 start model), chain
+hand-offs in the downlink codec, except in delta runs, where they are relayed through the manager as
 the coordinator relays them with its default hand-off mode (``handoff``,
 :meth:`VirtualDevices._relayed_chains`). Each round's
 record holds the bytes of the frames that carried them
@@ -97,9 +97,9 @@ class VirtualDevices:
     shift : optional distribution shift applied before every round (FlexCFL).
     seed : seeds the shift's own generator.
     faults : devices that never answer, and poisoners (:mod:`server.simulation.faults`).
-    codec : how models travel (``fp32``, ``fp16``, ``int8``; module docstring).
+    codec : how models travel (``fp32``, ``fp16``, ``int8``, ``int4``; module docstring).
     handoff : chain hand-offs as the coordinator's ``--handoff`` (``auto``, ``direct``,
-        ``relay``, ``mixed``); it matters in ``int8`` runs only (:meth:`_relays`).
+        ``relay``, ``mixed``); it matters in ``int8`` and ``int4`` runs only (:meth:`_relays`).
     """
 
     def __init__(

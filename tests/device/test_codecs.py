@@ -3,6 +3,8 @@ hand-offs, and frames with unknown or corrupt codec fields refused with a reason
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pytest
 
@@ -77,6 +79,12 @@ def test_int4_codes_are_two_per_byte_low_nibble_first() -> None:
     assert np.array_equal(dequantise(payload, 5, 4), d)
     with pytest.raises(ProtocolError, match="does not fit a model of 7"):
         dequantise(payload, 7, 4)
+    odd = payload.copy()
+    odd[-1] |= 0x30  # a stray code in the half-used last byte
+    with pytest.raises(ProtocolError, match="zero nibble"):
+        dequantise(odd, 5, 4)
+    with pytest.raises(ProtocolError, match="empty base"):
+        unpack(payload, 0, bits=4)  # zlib would read a limit of 0 as none
 
 
 @pytest.mark.parametrize("bits", [8, 4])
@@ -204,22 +212,28 @@ def test_int4_frames_decode_with_the_base_held_and_deflate_losslessly() -> None:
     base = payload_key(encode_float(start, "fp16"))
     payload, codec = encode_output(trained, start, "int4", ErrorFeedback())
     assert codec == "int4z" and payload.size < delta_length(5_001, 4) / 2
-    assert np.array_equal(unpack(payload, 5_001, 4), quantise(trained - start, 4))
+    assert np.array_equal(unpack(payload, 5_001, bits=4), quantise(trained - start, 4))
     frame = Reassembler().add(_one_frame(payload, codec=codec, base=base, extra=FrameExtra("t1")))
     assert frame is not None and frame.header.codec == "int4z"
     got = check_weights(frame, 5_001, {base: start})
     assert np.all(np.abs(got - trained) <= _int8_bound(trained - start, 4))
     noise = quantise(np.random.default_rng(1).uniform(-1, 1, 5_000).astype(np.float32), 4)
-    assert pack(noise, 4)[1] == "int4"  # 4-bit codes of noise do not deflate
+    assert pack(noise, bits=4)[1] == "int4"  # 4-bit codes of noise do not deflate
     oversized = Reassembler().add(
         _one_frame(np.concatenate([payload, payload]), codec="int4z", base=base, extra=FrameExtra("t1"))
     )
     assert oversized is not None
     with pytest.raises(ProtocolError, match="oversized"):
         check_weights(oversized, 5_001, {base: start})
+    as_big = Reassembler().add(  # an int4z no smaller than its int4 payload: never inflated
+        _one_frame(quantise(trained - start, 4), codec="int4z", base=base, extra=FrameExtra("t1"))
+    )
+    assert as_big is not None
+    with pytest.raises(ProtocolError, match="no smaller than its int4 payload"):
+        check_weights(as_big, 5_001, {base: start})
     with pytest.raises(ProtocolError, match="exactly 2501 bytes"):
         decode(
-            np.concatenate([payload[:160], np.frombuffer(__import__("zlib").compress(bytes(4_000)), np.uint8)]),
+            np.concatenate([payload[:160], np.frombuffer(zlib.compress(bytes(4_000)), np.uint8)]),
             "int4z",
             start,
         )
@@ -230,12 +244,12 @@ def test_int8z_deflates_runs_of_equal_codes_losslessly() -> None:
     trained = start.copy()
     trained[:1_000] += _weights(1_000, seed=3) * 0.01  # the rest got no gradient: one code, in runs
     payload = ErrorFeedback().encode(trained, start)
-    packed, codec = pack(payload)
+    packed, codec = pack(payload, bits=8)
     assert codec == "int8z" and packed.size < payload.size / 2
-    assert np.array_equal(unpack(packed, 5_000), payload)
+    assert np.array_equal(unpack(packed, 5_000, bits=8), payload)
     assert np.array_equal(decode(packed, "int8z", start), decode(payload, "int8", start))
     noise = quantise(np.random.default_rng(1).uniform(-1, 1, 5_000).astype(np.float32))
-    assert pack(noise)[1] == "int8"  # codes that do not deflate go as they are
+    assert pack(noise, bits=8)[1] == "int8"  # codes that do not deflate go as they are
 
 
 def test_corrupt_or_oversized_int8z_payloads_are_refused_never_inflated_beyond_the_model() -> None:
@@ -243,7 +257,7 @@ def test_corrupt_or_oversized_int8z_payloads_are_refused_never_inflated_beyond_t
 
     start = np.zeros(5_000, np.float32)
     head = quantise(start)[: 8 * 20]  # 20 blocks of scales and offsets
-    packed, _ = pack(quantise(_weights(5_000) * (np.arange(5_000) < 300)))
+    packed, _ = pack(quantise(_weights(5_000) * (np.arange(5_000) < 300)), bits=8)
     broken = packed.copy()
     broken[8 * 20 + 4 :] ^= 0x5A
     with pytest.raises(ProtocolError, match="corrupt"):

@@ -54,8 +54,9 @@ def _deliver(waiting: WaitingTasks, down: Downlink, task_id: str, discard_start:
     return ready.weights
 
 
-def test_a_device_that_answered_gets_the_next_model_as_a_delta_and_decodes_what_the_server_expects() -> None:
-    server, device = DownlinkModels("fp16", deltas=True), WaitingTasks()
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_device_that_answered_gets_the_next_model_as_a_delta_and_decodes_what_the_server_expects(bits: int) -> None:
+    server, device = DownlinkModels("fp16", deltas=True, bits=bits), WaitingTasks()  # type: ignore[arg-type]
     first = server.encode("dev1", _model(0))
     assert first.codec == "fp16" and first.base is None  # nothing held yet: the full model
     server.sent("dev1", "t1", first.key)
@@ -63,11 +64,12 @@ def test_a_device_that_answered_gets_the_next_model_as_a_delta_and_decodes_what_
     server.confirm("dev1", "t1")
     target = _model(0) + 0.01 * _model(1)  # the next round's model
     second = server.encode("dev1", target)
-    assert second.codec in DELTA_CODECS and second.base == first.key
-    assert second.payload.nbytes < first.payload.nbytes / 1.9
+    assert second.codec in DELTA_CODECS and second.codec.startswith(f"int{bits}") and second.base == first.key
+    assert second.payload.nbytes < first.payload.nbytes / (1.9 if bits == 8 else 3.8)  # fp16: 2 bytes a value
     got = _deliver(device, second, "t2")
     assert np.array_equal(got, second.received)  # bit for bit what the server will delta against next
-    assert np.abs(got - target).max() <= np.abs(target - first.received).max() / 255  # one step
+    steps = (1 << bits) - 1  # a block's range over 255 (int8) or 15 (int4) steps; half a step at most
+    assert np.abs(got - target).max() <= np.abs(target - first.received).max() / steps * 1.001  # + float rounding
     assert list(device.held) == [second.key]  # the device keeps only the latest
 
 
@@ -301,7 +303,7 @@ def test_relayed_int8_hand_offs_carry_each_member_s_upload_error_once_and_no_dow
         step = rng.normal(0, 0.01, N).astype(np.float32)  # the member's training
         trained = down.received + step  # it trains from what it decoded
         residual = ErrorFeedback()
-        upload, codec = pack(residual.encode(trained, down.received))
+        upload, codec = pack(residual.encode(trained, down.received), bits=8)
         current = decode(upload, codec, current)  # added to the float32 model sent
         exact = exact + step
         delta = trained - down.received

@@ -20,7 +20,7 @@ def test_the_counted_size_is_the_length_of_the_frames_built(n: int, codec: str) 
     weights = rng.normal(0, 0.1, n).astype(np.float32)
     if codec in ("int8", "int4"):
         bits = 8 if codec == "int8" else 4
-        payload, used = pack(ErrorFeedback().encode(weights, np.zeros_like(weights), bits), bits)
+        payload, used = pack(ErrorFeedback().encode(weights, np.zeros_like(weights), bits), bits=bits)
     else:
         payload, used = encode_float(weights, codec), codec  # type: ignore[arg-type]
     kwargs = dict(
