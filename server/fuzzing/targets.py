@@ -36,6 +36,7 @@ from device.protocol import (
     Ack,
     Assignment,
     DeviceHop,
+    ErrorFeedback,
     EvalRow,
     EvaluateRequest,
     EvaluateResult,
@@ -58,6 +59,7 @@ from device.protocol import (
     decode_message,
     encode_frames,
     parse_frame,
+    payload_key,
 )
 from server.fuzzing.mutate import dumps_json, dumps_toml, mutate_tree
 
@@ -116,7 +118,15 @@ def _message_target() -> Target:
 
 
 # -- frames -------------------------------------------------------------------------------------
-def _frames(array: np.ndarray, kind: str, extra: FrameExtra, max_chunk: int, sender: str = "dev001") -> list[bytes]:
+def _frames(
+    array: np.ndarray,
+    kind: str,
+    extra: FrameExtra,
+    max_chunk: int,
+    sender: str = "dev001",
+    codec: str = "raw",
+    base: str | None = None,
+) -> list[bytes]:
     return list(
         encode_frames(
             array,
@@ -127,8 +137,21 @@ def _frames(array: np.ndarray, kind: str, extra: FrameExtra, max_chunk: int, sen
             sender=sender,
             max_chunk=max_chunk,
             extra=extra,
+            codec=codec,  # type: ignore[arg-type]
+            base=base,
         )
     )
+
+
+def _delta_frames(weights: np.ndarray, start: np.ndarray, key: str) -> list[bytes]:
+    """A device's output against the start model ``key`` as ``int8`` and ``int4`` deltas.
+    (Their deflated forms are never smaller at this model size, so a receiver refuses
+    them before inflating; mutating ``codec`` reaches that check.)"""
+    out = []
+    for bits, codec in ((8, "int8"), (4, "int4")):
+        payload = ErrorFeedback().encode(weights, start, bits)  # type: ignore[arg-type]
+        out += _frames(payload, "result", FrameExtra(f"t{bits}", position=0), 1 << 20, codec=codec, base=key)
+    return out
 
 
 def split_frame(frame: bytes) -> tuple[Any, bytes] | None:
@@ -149,7 +172,10 @@ def pack_frame(header: Any, chunk: bytes) -> bytes:
 
 def _frame_target() -> Target:
     weights = np.arange(N_PARAMS, dtype=np.float32)
+    start = weights * 0.5  # the model delta frames are against, which the receiver holds
+    key = payload_key(start)
     seeds = [
+        *_delta_frames(weights, start, key),
         *_frames(weights, "result", FrameExtra("t1", position=0), 1 << 20),
         *_frames(weights, "handoff", FrameExtra("t2", position=1), 12),  # three chunks
         *_frames(weights, "update", FrameExtra("t3"), 1 << 20),
@@ -171,7 +197,7 @@ def _frame_target() -> Target:
         # small bounds, so eviction and expiry are exercised too
         frames = state.setdefault("frames", Reassembler(max_bytes=1 << 16, max_pending_bytes=1 << 12))
         payload = frames.add(data)
-        return None if payload is None else check_weights(payload, N_PARAMS)
+        return None if payload is None else check_weights(payload, N_PARAMS, {key: start})
 
     def structured(data: bytes, rng: np.random.Generator) -> bytes:
         parts = split_frame(data)
