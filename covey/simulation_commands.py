@@ -62,6 +62,7 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         topology=args.topology,
         link_grouping=False if args.no_link_grouping else None,
         codec=args.codec,
+        federated_eval_every=args.federated_eval_every,
     )
 
 
@@ -242,6 +243,13 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         "the links still time each round",
     )
     add_codec_flag(p)
+    p.add_argument(
+        "--federated-eval-every",
+        type=int,
+        metavar="N",
+        help="every N rounds (and after the last) each client scores the model it would use on its own "
+        "test set (default 1; 0: never; a long run spends much of its time here)",
+    )
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
 
 

@@ -7,6 +7,7 @@ A file looks like::
     seed = 0
     workers = 2
     topology = "examples/topologies/office.toml"   # links (server/simulation/topology.py)
+    federated_eval_every = 1  # score every client every N rounds (and after the last; 0: never)
 
     [dataset]
     name = "synthetic"      # synthetic | femnist | mnist
@@ -136,6 +137,9 @@ class SimulationConfig:
     topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
     link_grouping: bool = True  # strategies get the topology's matrices (False: they time the rounds only)
     codec: str = "fp32"  # how models travel (device/protocol/codecs.py): fp32, fp16, int8, int4
+    # every N rounds (and after the last) each client scores the model it would use on its
+    # own test set; 0: never (the coordinator's --federated-eval-every)
+    federated_eval_every: int = 1
     # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
     origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
@@ -170,6 +174,7 @@ class SimulationConfig:
             ("batch", self.batch, 1),
             ("seed", self.seed, 0),
             ("clients_per_round", self.clients_per_round, 1),
+            ("federated_eval_every", self.federated_eval_every, 0),
         ):
             if value is None and name in ("epochs", "batch", "clients_per_round"):
                 continue
@@ -279,6 +284,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         "topology",
         "link_grouping",
         "codec",
+        "federated_eval_every",
     ):
         if key in sim:
             kwargs[key] = sim.pop(key)

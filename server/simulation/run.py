@@ -178,6 +178,7 @@ def run_simulation(
         distance=distance,
         cost_model=cost,
         codec=c.codec,  # type: ignore[arg-type]  # checked by SimulationConfig
+        federated_eval_every=c.federated_eval_every,
     )
     records = sim.run(c.rounds, progress)
     return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings, links)

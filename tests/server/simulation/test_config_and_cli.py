@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,7 @@ def test_toml_config_and_overrides(tmp_path) -> None:
         ('[screening]\naggregation = "mode"\n', "aggregation must be one of"),
         ("[screening]\nenabled = 1\n", "screening must be true or false"),
         ("[screening]\nfactor = 3\n", "unknown \\[screening\\] key"),
+        ("[simulation]\nfederated_eval_every = -1\n", "federated_eval_every must be an integer >= 0"),
     ],
 )
 def test_bad_config_files_are_refused(tmp_path, text: str, message: str) -> None:
@@ -122,6 +124,21 @@ def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:
     assert (tmp_path / "fedgsp_synthetic_seed0.png").stat().st_size > 10_000
     assert (tmp_path / "fedgsp_synthetic_seed0.csv").read_text().startswith("round,")
     assert "best accuracy" in capsys.readouterr().out
+
+
+def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> None:
+    """``--federated-eval-every 2`` scores the clients in rounds 2 and 4 and after the
+    last (5); the other rounds record no accuracy, and the plot and summary use the rest.
+    A config file sets the same key."""
+    argv = ["simulate", "--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=12", "--rounds", "5"]
+    assert main([*argv, "--federated-eval-every", "2", "--out", str(tmp_path / "flag")]) == 0
+    rounds = json.loads((tmp_path / "flag" / "fedavg_synthetic_seed0.json").read_text())["rounds"]
+    scored = [r["round"] for r in rounds if math.isfinite(r["federated_accuracy"] or math.nan)]  # NaN or null: none
+    assert scored == [2, 4, 5]
+    assert (tmp_path / "flag" / "fedavg_synthetic_seed0.png").stat().st_size > 10_000
+    config = tmp_path / "every.toml"
+    config.write_text("[simulation]\nfederated_eval_every = 0\n")
+    assert load_config(config).federated_eval_every == 0
 
 
 def test_compare_command_writes_a_table(tmp_path) -> None:
