@@ -30,7 +30,10 @@ Prints::
     figure sim_vs_flower_wall_ratio = ...    (covey ÷ Flower, whole process; --with-flower)
     figure sim_vs_flower_round_ratio = ...   (covey ÷ Flower, seconds per round; --with-flower)
 
-Usage: ``python bench/sim_speed.py [--repeats 3] [--with-flower]``
+``--eval-every N`` runs both sides scoring the writers every N rounds (and after the
+last; 0: never) instead, to see what the per-round evaluation costs each side.
+
+Usage: ``python bench/sim_speed.py [--repeats 3] [--with-flower] [--eval-every N]``
 """
 
 from __future__ import annotations
@@ -61,13 +64,13 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def covey_run(workers: int, out: Path) -> tuple[float, float]:
+def covey_run(workers: int, out: Path, eval_every: int = 1) -> tuple[float, float]:
     """(whole-process seconds, median seconds per round after the first)."""
     cmd = [
         sys.executable, "-m", "covey.cli", "simulate", "--strategy", "fedavg", "--dataset", "femnist",
         "--model", MODEL, "--clients-per-round", str(CLIENTS_PER_ROUND), "--rounds", str(ROUNDS),
         "--epochs", str(EPOCHS), "--batch", str(BATCH), "--lr", str(LR), "--seed", "0",
-        "--workers", str(workers), "--out", str(out),
+        "--workers", str(workers), "--federated-eval-every", str(eval_every), "--out", str(out),
     ]  # fmt: skip
     start = time.perf_counter()
     subprocess.run(cmd, env=_env(), check=True, capture_output=True)
@@ -143,13 +146,15 @@ def check_one_step(python: Path, init: Path, batch: Path, tmp: Path) -> tuple[fl
     return float(np.abs(logits - torch_logits).max()), float(np.abs(stepped - torch_weights).max())
 
 
-def flower_run(python: Path, data: Path, init: Path, tmp: Path) -> tuple[float, float, dict[str, object]]:
+def flower_run(
+    python: Path, data: Path, init: Path, tmp: Path, eval_every: int = 1
+) -> tuple[float, float, dict[str, object]]:
     """(whole-process seconds, median seconds per round after the first, the run's JSON)."""
     out = tmp / "flower.json"
     cmd = [
         str(python), str(REPO / "bench" / "sim_speed_flower.py"), "run", "--data", str(data), "--init", str(init),
         "--rounds", str(ROUNDS), "--clients-per-round", str(CLIENTS_PER_ROUND), "--epochs", str(EPOCHS),
-        "--batch", str(BATCH), "--lr", str(LR), "--json", str(out),
+        "--batch", str(BATCH), "--lr", str(LR), "--json", str(out), "--eval-every", str(eval_every),
     ]  # fmt: skip
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -164,9 +169,20 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--repeats", type=int, default=3, help="alternating runs of each side (default 3)")
     p.add_argument("--with-flower", action="store_true", help="also run Flower (installs it into its own venv)")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="both sides score every writer every N rounds and after the last (default 1, the issue's task; "
+        "0: never); figures other than N = 1 carry the suffix _evalN",
+    )
     args = p.parse_args()
     if args.repeats < 1:
         sys.exit("--repeats must be at least 1")
+    if args.eval_every < 0:
+        sys.exit("--eval-every must be 0 or more")
+    every, suffix = args.eval_every, "" if args.eval_every == 1 else f"_eval{args.eval_every}"
     with tempfile.TemporaryDirectory(prefix="covey-sim-speed-") as name:
         tmp = Path(name)
         python = flower_python() if args.with_flower else None
@@ -185,24 +201,25 @@ def main() -> None:
         side: dict[str, list[tuple[float, float]]] = {"w1": [], "w2": [], "flower": []}
         info: dict[str, object] = {}
         for i in range(args.repeats):
-            side["w1"].append(covey_run(1, tmp / f"w1_{i}"))
-            side["w2"].append(covey_run(2, tmp / f"w2_{i}"))
+            side["w1"].append(covey_run(1, tmp / f"w1_{i}", every))
+            side["w2"].append(covey_run(2, tmp / f"w2_{i}", every))
             if python is not None:
-                wall, per_round, info = flower_run(python, data, init, tmp)
+                wall, per_round, info = flower_run(python, data, init, tmp, every)
                 side["flower"].append((wall, per_round))
             shown = ", ".join(f"{k} {v[-1][0]:.2f} s ({v[-1][1] * 1000:.0f} ms/round)" for k, v in side.items() if v)
             print(f"run {i + 1}: {shown}", flush=True)
         med = {k: tuple(statistics.median(x) for x in zip(*v, strict=True)) for k, v in side.items() if v}
-        print(f"figure sim_covey_wall_s = {med['w1'][0]:.2f}")
-        print(f"figure sim_covey_round_s = {med['w1'][1]:.4f}")
-        print(f"figure sim_workers2_speedup = {med['w1'][1] / med['w2'][1]:.2f}")
-        print(f"figure sim_workers2_wall_speedup = {med['w1'][0] / med['w2'][0]:.2f}")
+        print(f"figure sim_covey_wall_s{suffix} = {med['w1'][0]:.2f}")
+        print(f"figure sim_covey_round_s{suffix} = {med['w1'][1]:.4f}")
+        print(f"figure sim_workers2_speedup{suffix} = {med['w1'][1] / med['w2'][1]:.2f}")
+        print(f"figure sim_workers2_wall_speedup{suffix} = {med['w1'][0] / med['w2'][0]:.2f}")
         if python is not None:
-            print(f"flower: {info.get('versions')}, final accuracy {info['accuracy'][-1]:.3f}")  # type: ignore[index]
-            print(f"figure sim_flower_wall_s = {med['flower'][0]:.2f}")
-            print(f"figure sim_flower_round_s = {med['flower'][1]:.4f}")
-            print(f"figure sim_vs_flower_wall_ratio = {med['w1'][0] / med['flower'][0]:.3f}")
-            print(f"figure sim_vs_flower_round_ratio = {med['w1'][1] / med['flower'][1]:.3f}")
+            final = info.get("accuracy") or [float("nan")]
+            print(f"flower: {info.get('versions')}, final accuracy {final[-1]:.3f}")  # type: ignore[index]
+            print(f"figure sim_flower_wall_s{suffix} = {med['flower'][0]:.2f}")
+            print(f"figure sim_flower_round_s{suffix} = {med['flower'][1]:.4f}")
+            print(f"figure sim_vs_flower_wall_ratio{suffix} = {med['w1'][0] / med['flower'][0]:.3f}")
+            print(f"figure sim_vs_flower_round_ratio{suffix} = {med['w1'][1] / med['flower'][1]:.3f}")
 
 
 if __name__ == "__main__":

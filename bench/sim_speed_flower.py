@@ -6,8 +6,9 @@ from given weights (compared with covey's by ``sim_speed.py``).
 ``run``: FedAvg over the FEMNIST writers with Flower's simulation engine (Ray), a
 PyTorch client as in Flower's quickstart (``NumPyClient``: set the parameters, train
 with SGD over a ``DataLoader``, return the parameters; evaluate on the local test
-set), every writer evaluated every round as covey does; writes the time at the end
-of every round and the accuracy to a JSON file.
+set), every writer evaluated every round as covey does (``--eval-every N``: every N
+rounds and after the last, 0: never, as covey's ``--federated-eval-every``); writes the
+time at the end of every round and the accuracy to a JSON file.
 
 Usage: ``python bench/sim_speed_flower.py check|run ...`` (see ``--help``).
 """
@@ -131,16 +132,27 @@ def cmd_run(args: argparse.Namespace) -> None:
     def client_fn(context: Context) -> Any:
         return FlowerClient(int(context.node_config["partition-id"])).to_client()
 
-    ends: list[float] = []
+    ends: dict[int, float] = {}  # round -> the end of its last step (fit, or evaluation when it has one)
     accuracy: list[float] = []
+    every = args.eval_every
 
     class TimedFedAvg(FedAvg):
+        def aggregate_fit(self, server_round: int, results: Any, failures: Any) -> Any:
+            out = super().aggregate_fit(server_round, results, failures)
+            ends[server_round] = time.perf_counter()
+            return out
+
+        def configure_evaluate(self, server_round: int, parameters: Any, client_manager: Any) -> Any:
+            # as covey's --federated-eval-every: every N rounds and after the last; 0: never
+            due = every > 0 and (server_round % every == 0 or server_round == args.rounds)
+            return super().configure_evaluate(server_round, parameters, client_manager) if due else []
+
         def aggregate_evaluate(self, server_round: int, results: Any, failures: Any) -> Any:
             out = super().aggregate_evaluate(server_round, results, failures)
             correct = sum(r.metrics["correct"] for _, r in results)
             n = sum(r.num_examples for _, r in results)
             accuracy.append(correct / max(n, 1))
-            ends.append(time.perf_counter())
+            ends[server_round] = time.perf_counter()
             return out
 
     n = len(users)
@@ -163,7 +175,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         num_supernodes=n,
         backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
     )
-    round_s = np.diff([start, *ends]).tolist()
+    round_s = np.diff([start, *(ends[r] for r in sorted(ends))]).tolist()
     versions = {p: version(p) for p in ("flwr", "ray", "torch")}
     with open(args.json, "w") as out:
         json.dump({"round_s": round_s, "accuracy": accuracy, "versions": versions}, out)
@@ -186,6 +198,7 @@ def main() -> None:
     r.add_argument("--batch", type=int, required=True)
     r.add_argument("--lr", type=float, required=True)
     r.add_argument("--json", required=True)
+    r.add_argument("--eval-every", type=int, default=1, help="federated evaluation every N rounds (0: never)")
     args = p.parse_args()
     (cmd_check if args.cmd == "check" else cmd_run)(args)
 
