@@ -215,7 +215,7 @@ def main() -> None:
         print(f"figure sim_workers2_wall_speedup{suffix} = {med['w1'][0] / med['w2'][0]:.2f}")
         if python is not None:
             final = info.get("accuracy") or [float("nan")]
-            print(f"flower: {info.get('versions')}, final accuracy {final[-1]:.3f}")  # type: ignore[index]
+            print(f"flower: {info.get('versions')}, final accuracy {final[-1]:.3f}")
             print(f"figure sim_flower_wall_s{suffix} = {med['flower'][0]:.2f}")
             print(f"figure sim_flower_round_s{suffix} = {med['flower'][1]:.4f}")
             print(f"figure sim_vs_flower_wall_ratio{suffix} = {med['w1'][0] / med['flower'][0]:.3f}")

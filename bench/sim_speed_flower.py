@@ -200,6 +200,8 @@ def main() -> None:
     r.add_argument("--json", required=True)
     r.add_argument("--eval-every", type=int, default=1, help="federated evaluation every N rounds (0: never)")
     args = p.parse_args()
+    if args.cmd == "run" and args.eval_every < 0:
+        p.error("--eval-every must be 0 or more")
     (cmd_check if args.cmd == "check" else cmd_run)(args)
 
 

@@ -144,7 +144,11 @@ def plot_runs(runs: Mapping[str, Sequence[Sequence[RoundRecord]]], path: Path, t
                 )
     axes[0].set(xlabel="round", ylabel=acc_label, title=title)
     axes[1].set(xlabel="round", ylabel=acc_label.replace("accuracy (%)", "loss"))
-    axes[0].legend(fontsize=8)
+    for ax in axes:
+        if not ax.lines:  # no round was scored (federated_eval_every = 0)
+            ax.text(0.5, 0.5, "no round scored", ha="center", va="center", transform=ax.transAxes)
+    if axes[0].lines:
+        axes[0].legend(fontsize=8)
     fig.tight_layout()
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=110, format="png")

@@ -45,8 +45,8 @@ receiver reconstructs):
   ends in a zero nibble, which the receiver checks), so ``nb`` scales and offsets,
   then ``ceil(n / 2)`` bytes of codes; ``int4z`` deflates those bytes, and the
   receiver inflates at most ``ceil(n / 2)``. ``|d̂ - d| <= s / 2 + 2**-22 * max|d_b|`` with that ``s`` (17 times int8's).
-  Why a second width: a dense delta (every weight moves, as in the FEMNIST CNN) does
-  not deflate, so int8 is 4x fewer bytes than float32 at most, and a relayed chain
+  Why a second width: a dense delta (every weight moves, as in the FEMNIST CNN)
+  deflates only about 1.2x, so int8 is about 5x fewer bytes than float32, and a relayed chain
   hand-off crosses the wire twice (member to manager, manager to successor): int8
   FedGSP on the CNN moved 2.6x fewer bytes than fp32. int4 halves each delta's codes
   (not the full fp16 models a device gets the first time); measured in

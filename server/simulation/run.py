@@ -97,6 +97,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "topology": cfg.setting("topology", cfg.topology or "none"),
         "link_grouping": cfg.setting("link_grouping", cfg.link_grouping),
         "codec": cfg.setting("codec", cfg.codec),
+        "federated_eval_every": cfg.setting("federated_eval_every", cfg.federated_eval_every),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
         **train_settings,
         **param_settings,
