@@ -32,6 +32,7 @@ from device.link import read_wifi
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.probing import LinkProber, send_probe_frame
 from device.protocol import (
+    FRAME_CODECS,
     PROTOCOL_VERSION,
     SERVER_ID,
     Ack,
@@ -150,6 +151,7 @@ class Agent:
             memory_mb=_available_memory_mb(),
             direct=True,
             model_sha256=self.model.manifest.sha256,
+            codecs=FRAME_CODECS,
         )
         self._send(body, 0, self.topics.register(self.me))
         log.info("%s: registered (%d samples)", self.me, body.n_samples)

@@ -76,7 +76,10 @@ class InboundTransfer:
 class Register:
     """A device announces itself once it holds the model, and again whenever the
     server's epoch changes (registering twice is fine: the later one wins).
-    ``class_counts`` has one count per class of the model and sums to ``n_samples``."""
+    ``class_counts`` has one count per class of the model and sums to ``n_samples``.
+    ``codecs``: the frame codecs the agent decodes and sends (``device/protocol/codecs.py``);
+    absent from agents older than ``int4``, which know ``raw``, ``fp16``, ``int8`` and
+    ``int8z``. Names the receiver does not know are kept as they are, not refused."""
 
     n_samples: Annotated[int, AtLeast(1)]
     n_test: Count
@@ -85,6 +88,7 @@ class Register:
     memory_mb: Count
     direct: bool = True
     model_sha256: str | None = None
+    codecs: Annotated[tuple[Annotated[str, MaxLen(16)], ...], MaxLen(32)] | None = None
 
     def __post_init__(self) -> None:
         if sum(self.class_counts) != self.n_samples:

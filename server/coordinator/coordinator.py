@@ -341,6 +341,16 @@ class Coordinator(Persistence):
             raise ProtocolError(f"{msg.type!r} is not a result")
 
     def _on_register(self, device: str, body: Register) -> None:
+        needs = {"int4", "int4z"} if self.cfg.codec == "int4" else set()  # every version-2 agent knows the rest
+        if not needs <= set(body.codecs or ()):
+            # an agent from before int4 would drop every int4 request and miss every deadline
+            reason = (
+                f"this run sends models as {self.cfg.codec} deltas (--codec {self.cfg.codec}) and this agent "
+                "does not decode them: update covey on the board, or run the server with --codec int8"
+            )
+            stop = Message.of(Stop(reason), run=self.cfg.run, sender=SERVER_ID)
+            self._publish(self.topics.inbox(device), stop.encode())
+            raise ProtocolError(f"{device} cannot join: {reason}")
         reg = self.registry.register(device, body)
         for evicted in reg.evicted:
             self.drop("registration evicted before confirming", f"{evicted}: more than the pending limit")
