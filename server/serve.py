@@ -141,6 +141,7 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         "links_every": Setting(opts.links_every, Source.FLAG, "--links-every"),
         "link_bandwidth_hz": Setting(opts.link_bandwidth_hz, Source.FLAG, "--link-bandwidth-mhz"),
         "codec": Setting(opts.codec, Source.FLAG, "--codec"),
+        "federated_eval_every": Setting(opts.federated_eval_every, Source.FLAG, "--federated-eval-every"),
         **_screening_settings(opts.screening),
         **train_settings,
         **param_settings,
