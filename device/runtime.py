@@ -71,9 +71,9 @@ class _PageReleaser:
 
     MADV_DONTNEED = 4
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self._madvise: Any = None
-        if sys.platform.startswith("linux"):
+        if enabled and sys.platform.startswith("linux"):
             try:
                 libc = ctypes.CDLL(None, use_errno=True)
                 madvise = libc.madvise
@@ -120,6 +120,7 @@ class _PageReleaser:
 
 
 _pages = _PageReleaser()
+_keep_pages = _PageReleaser(enabled=False)  # copies only: for interpreters that load a model per task
 
 
 def _all_finite(arr: np.ndarray) -> bool:
@@ -238,6 +239,13 @@ class TFLiteModel:
         Interpreter threads; default: all CPUs this process may use.
     backend:
         Force ``ai_edge_litert``, ``tflite_runtime`` or ``tensorflow``.
+    release_pages:
+        Give the pages of the weight signatures' buffers back to the system after each
+        copy (``_PageReleaser``): a board's peak memory is one model lower. An
+        interpreter that loads a model for every task, as the simulator's does for
+        each virtual device, passes ``False``: each load would fault the released
+        pages back in (0.9 ms of a 9 ms FEMNIST MLP task; docs/results.md). The
+        weights and results are the same either way.
     """
 
     def __init__(
@@ -247,6 +255,7 @@ class TFLiteModel:
         *,
         num_threads: int | None = None,
         backend: str | None = None,
+        release_pages: bool = True,
     ) -> None:
         pin_mmap_threshold()  # a dropped model's pages go back to the system (device/memory.py)
         model_path = Path(model_path)
@@ -268,6 +277,7 @@ class TFLiteModel:
         self._weights_set = self.manifest.initial_weights
         self.path = model_path
         self.num_threads = threads
+        self._pages = _pages if release_pages else _keep_pages
         log.info(
             "loaded %s (%d parameters) with %s %s, %d threads",
             self.manifest.model,
@@ -328,7 +338,7 @@ class TFLiteModel:
             return flat
         io.invoke()
         for t in self.manifest.tensors:
-            _pages.copy_out(io.output(tensor_key(t.name)), flat[t.offset : t.offset + t.size])
+            self._pages.copy_out(io.output(tensor_key(t.name)), flat[t.offset : t.offset + t.size])
         return flat
 
     def _tensor_io(self, name: str) -> _TensorIO | None:
@@ -378,7 +388,7 @@ class TFLiteModel:
                     io.input(tensor_key(t.name))[...] = arr[t.offset : t.offset + t.size].reshape(t.shape)
                 io.invoke()
                 for t in layout:  # the variables hold the weights now; the inputs are dead
-                    _pages.release(io.input(tensor_key(t.name)))
+                    self._pages.release(io.input(tensor_key(t.name)))
         else:
             self._runner("set_weights")(weights=arr)
         self._pending_rows = 0
@@ -572,7 +582,7 @@ class TFLiteModel:
             if self._pending_rows:
                 self._flush()
         if into is not None:  # the start's values are dead: its pages go before the weights are read
-            _pages.release(into)  # (reading faults in a model's worth of output pages first)
+            self._pages.release(into)  # (reading faults in a model's worth of output pages first)
         weights = self.get_weights(out=into)
         if not _all_finite(weights):
             raise WeightsError("training diverged: weights became NaN or infinite; lower the learning rate")

@@ -39,7 +39,8 @@ class Trainer:
     def __init__(
         self, model_path: Path | str, data: Mapping[str, ClientData], threads: int = 1, faults: Faults | None = None
     ) -> None:
-        self.model = TFLiteModel(model_path, num_threads=threads)
+        # one interpreter loads a model per task: released pages would fault back in at each load
+        self.model = TFLiteModel(model_path, num_threads=threads, release_pages=False)
         self.data = data
         self.faults = faults or Faults()  # poisoners scale what they return (server/simulation/faults.py)
 
@@ -110,7 +111,7 @@ def default_workers() -> int:
 def server_evaluator(model_path: Path | str, data: Dataset) -> Callable[[np.ndarray], tuple[float, float]]:
     """Accuracy and loss of a global model on a held-out set the server owns (what the
     coordinator scores with ``--eval-data``), for :class:`~server.simulation.engine.Simulation`."""
-    model = TFLiteModel(model_path, num_threads=1)
+    model = TFLiteModel(model_path, num_threads=1, release_pages=False)
 
     def evaluate(weights: np.ndarray) -> tuple[float, float]:
         model.set_weights(weights)

@@ -145,6 +145,28 @@ def test_the_weight_signatures_give_back_their_copies_of_the_weights(zoo_model) 
     np.testing.assert_array_equal(model.get_weights(), w[::-1])
 
 
+def test_an_interpreter_that_keeps_its_pages_trains_to_the_same_weights(zoo_model) -> None:
+    """``release_pages=False`` (the simulator's interpreter, which loads a model for
+    every task) skips the releases and nothing else: the weight signatures' buffers
+    keep their copies, and training from the same start gives the same weights."""
+    path = zoo_model("mlp_femnist")
+    keeping, releasing = TFLiteModel(path, release_pages=False), TFLiteModel(path)
+    rng = np.random.default_rng(9)
+    x = rng.random((30, 784), dtype=np.float32)
+    y = rng.integers(0, 62, 30)
+    start = rng.normal(scale=0.05, size=keeping.n_params).astype(np.float32)
+
+    kept = keeping.train(x, y, batch_size=10, lr=0.05, seed=2, initial_weights=start.copy(), reuse_start=True)
+    released = releasing.train(x, y, batch_size=10, lr=0.05, seed=2, initial_weights=start.copy())
+
+    np.testing.assert_array_equal(kept.weights, released.weights)
+    set_io = keeping._tensor_io("set_tensors")
+    assert set_io is not None
+    for t in keeping.manifest.tensors:  # still the start's values: nothing was given back
+        held = set_io.input(t.name.replace("/", "_")).reshape(-1)
+        np.testing.assert_array_equal(held, start[t.offset : t.offset + t.size])
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the runtime releases pages on Linux only")
 def test_copy_out_copies_exactly_and_gives_back_the_source_pages_chunk_by_chunk() -> None:
     """get_weights copies each output chunk by chunk, releasing what it has copied, so

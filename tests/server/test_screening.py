@@ -8,7 +8,7 @@ import pytest
 
 from server.errors import StrategyError
 from server.rounds import RoundDriver
-from server.screening import ScreeningConfig, norm_outliers, screen_results, screen_updates
+from server.screening import NORM_CHUNK, ScreeningConfig, norm_outliers, screen_results, screen_updates, update_norm
 from server.strategies import make_strategy
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan, TrainConfig
 from tests.server.test_retry import IDS, FakeDevices
@@ -20,6 +20,23 @@ def _parallel(updates: dict[str, float]) -> tuple[RoundPlan, list[GroupResult]]:
     plan = RoundPlan(1, (GroupPlan(0, tuple(updates), "parallel", "g"),), {"g": START})
     members = tuple(MemberResult(c, 10, 1.0, START + np.float32(u)) for c, u in updates.items())
     return plan, [GroupResult(0, members)]
+
+
+@pytest.mark.parametrize("size", [0, 1, NORM_CHUNK - 1, NORM_CHUNK, 2 * NORM_CHUNK + 7])
+def test_an_update_norm_is_the_float64_norm_of_the_exact_difference(size: int) -> None:
+    """Chunk by chunk, across chunk ends, the norm is that of the whole float64
+    difference: each float32 difference is exact in float64, and only the summation
+    order differs."""
+    rng = np.random.default_rng(size)
+    start = rng.normal(size=size).astype(np.float32)
+    model = (start + rng.normal(scale=1e-3, size=size)).astype(np.float32)
+    model[: min(size, 3)] = np.float32(3e38) * np.sign(model[: min(size, 3)])  # squares beyond float32
+
+    want = float(np.linalg.norm(model.astype(np.float64) - start.astype(np.float64)))
+
+    assert update_norm(start, model) == pytest.approx(want, rel=1e-12, abs=0.0)
+    with pytest.raises(ValueError, match="values"):
+        update_norm(start, np.zeros(size + 1, np.float32))
 
 
 def test_an_update_above_k_times_the_median_is_an_outlier() -> None:
