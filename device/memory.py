@@ -20,9 +20,13 @@ which the device pays anyway for every fresh model.
 Only glibc has this threshold. Elsewhere (Android's bionic, musl) the call does
 nothing; so does a process started with ``MALLOC_MMAP_THRESHOLD_`` or a
 ``glibc.malloc.mmap_threshold`` tunable in its environment, which states the user's
-own choice. The setting is process-wide and made wherever a model loads, so the
-coordinator and the simulator (which load models too) get it as well; their large
-temporaries then get their own mappings (not measured on its own there).
+own choice. The setting is process-wide and made wherever a model loads with
+``TFLiteModel(release_memory=True)``, the default: on a board, and in the coordinator.
+The simulator's interpreters load with ``release_memory=False`` and leave the
+threshold dynamic, because there the mappings cost more than they save: every
+virtual device's start model, trained model and update norm made a fresh model-sized
+block, and faulting in its pages took 12 % of a FedAvg round on the FEMNIST MLP
+(docs/results.md, "Simulation speed, fourth pass").
 """
 
 from __future__ import annotations

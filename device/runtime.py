@@ -239,13 +239,16 @@ class TFLiteModel:
         Interpreter threads; default: all CPUs this process may use.
     backend:
         Force ``ai_edge_litert``, ``tflite_runtime`` or ``tensorflow``.
-    release_pages:
-        Give the pages of the weight signatures' buffers back to the system after each
-        copy (``_PageReleaser``): a board's peak memory is one model lower. An
-        interpreter that loads a model for every task, as the simulator's does for
-        each virtual device, passes ``False``: each load would fault the released
-        pages back in (0.9 ms of a 9 ms FEMNIST MLP task; docs/results.md). The
-        weights and results are the same either way.
+    release_memory:
+        Give memory back to the system as soon as it is dead, as a board needs: fix
+        glibc's mmap threshold for the process (``device.memory``), so a dropped model
+        is unmapped at once, and release the pages of the weight signatures' buffers
+        after each copy (``_PageReleaser``); a board's peak is a model or two lower.
+        The simulator's interpreters, which load a model for every virtual device's
+        task, pass ``False``: every model-sized array would be fresh pages that fault
+        in, and every load would fault the released buffers back in (together 13 %
+        of a FedAvg round on the FEMNIST MLP; docs/results.md, "Simulation speed,
+        fourth pass"). The weights and results are the same either way.
     """
 
     def __init__(
@@ -255,9 +258,10 @@ class TFLiteModel:
         *,
         num_threads: int | None = None,
         backend: str | None = None,
-        release_pages: bool = True,
+        release_memory: bool = True,
     ) -> None:
-        pin_mmap_threshold()  # a dropped model's pages go back to the system (device/memory.py)
+        if release_memory:
+            pin_mmap_threshold()  # a dropped model's pages go back to the system (device/memory.py)
         model_path = Path(model_path)
         self.manifest = manifest or load_manifest(manifest_path_for(model_path))
         model_bytes = read_verified_model(model_path, self.manifest)
@@ -277,7 +281,7 @@ class TFLiteModel:
         self._weights_set = self.manifest.initial_weights
         self.path = model_path
         self.num_threads = threads
-        self._pages = _pages if release_pages else _keep_pages
+        self._pages = _pages if release_memory else _keep_pages
         log.info(
             "loaded %s (%d parameters) with %s %s, %d threads",
             self.manifest.model,
@@ -506,7 +510,9 @@ class TFLiteModel:
             prox, mu32 = self._runner("train_prox"), np.float32(mu)
             return lambda xb, yb: float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
         rank = self.manifest.deferred_rank
-        if deferred and rank and batch_size <= rank:
+        # At least two steps per fold-in: with one, a deferred step does a plain step's
+        # work and the factors' besides (the FEMNIST MLP at batch 32: 7 % slower).
+        if deferred and rank and 2 * batch_size <= rank:
             self._prime_arena("flush")
             train_deferred = self._runner("train_deferred")
 
@@ -551,7 +557,8 @@ class TFLiteModel:
         FedProx proximal term anchored at the weights training starts from.
         ``max_steps`` stops early (cold-start pre-training uses a fixed step count).
         Models with a deferred-update layer use ``train_deferred`` (same SGD, faster;
-        see ``models/layers.py``) unless ``deferred=False``. Models with
+        see ``models/layers.py``) when two batches fit its pending rows, unless
+        ``deferred=False``. Models with
         ``accumulate_chunk`` train batches larger than it as one step whose gradient
         is summed over chunks (same SGD, faster; see ``models/trainable.py``) unless
         ``accumulate=False``.

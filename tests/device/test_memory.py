@@ -54,3 +54,46 @@ def test_a_dropped_model_sized_array_leaves_the_resident_set(zoo_model: Any) -> 
     # Assert: nothing of them stays resident (glibc's dynamic threshold kept 7.6 MB)
     grown_mb = float(out.stdout.strip().splitlines()[-1])
     assert grown_mb < 1.0, f"{grown_mb:.1f} MB of dropped arrays stayed resident"
+
+
+# Page faults of writing model-sized arrays one after another, once a model has loaded
+# with the given release_memory.
+_REFILL_MODELS = """
+import resource
+import sys
+import numpy as np
+from device.runtime import TFLiteModel
+
+model = TFLiteModel(sys.argv[1], release_memory=sys.argv[2] == "True")
+for _ in range(2):  # the first blocks go through glibc's dynamic threshold
+    weights = np.ones(2_000_000, np.float32)
+    weights = None
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):  # a virtual device's start model, made, used and dropped
+    weights = np.ones(2_000_000, np.float32)
+    weights = None
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def test_the_simulator_s_interpreters_leave_freed_models_for_reuse(zoo_model: Any) -> None:
+    """``release_memory=False`` (the simulator's interpreters) leaves glibc's threshold
+    dynamic: a freed model-sized block is reused by the next one instead of being
+    unmapped and faulted in again, page by page, as it is on a board."""
+    path = zoo_model("mlp_femnist")
+    fresh_array_faults = 2_000_000 * 4 // (2 << 20)  # at least one per 2 MiB (transparent huge pages)
+
+    faults = {}
+    for release in (True, False):
+        out = subprocess.run(
+            [sys.executable, "-c", _REFILL_MODELS, str(path), str(release)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        faults[release] = int(out.stdout.strip().splitlines()[-1])
+
+    assert faults[True] >= 4 * fresh_array_faults, faults  # a board: every array is fresh pages
+    assert faults[False] < fresh_array_faults, faults  # the simulator: the same pages, reused

@@ -98,27 +98,48 @@ def test_fedprox_step_adds_the_proximal_gradient(zoo_model) -> None:
     np.testing.assert_allclose(model.get_weights(), w1 - 0.1 * (g + 0.5 * (w1 - w0)), rtol=1e-5, atol=1e-6)
 
 
-def test_deferred_updates_train_exactly_like_plain_sgd(zoo_model) -> None:
-    """cnn_femnist defers its 3136x2048 kernel's updates as low-rank factors; 30 steps
-    of batch 5 cross one fold-in (128 rows) and must match immediate SGD. (A larger
-    learning rate lets roundoff-level ties in max-pool windows flip, a discrete
-    change that is not what this test is about.)"""
-    plain = TFLiteModel(zoo_model("cnn_femnist"))
-    fast = TFLiteModel(zoo_model("cnn_femnist"))
-    assert fast.manifest.deferred_rank == 128
+@pytest.mark.parametrize(("name", "rank", "batch", "n"), [("cnn_femnist", 128, 5, 150), ("mlp_femnist", 40, 10, 200)])
+def test_deferred_updates_train_exactly_like_plain_sgd(zoo_model, name: str, rank: int, batch: int, n: int) -> None:
+    """cnn_femnist defers its 3136x2048 kernel's updates as low-rank factors, and
+    mlp_femnist its 784x512 kernel's; an epoch crosses fold-ins (128 and 40 rows) and
+    must match immediate SGD. (A larger learning rate lets roundoff-level ties in
+    max-pool windows flip, a discrete change that is not what this test is about.)"""
+    plain = TFLiteModel(zoo_model(name))
+    fast = TFLiteModel(zoo_model(name))
+    assert fast.manifest.deferred_rank == rank
     rng = np.random.default_rng(5)
-    x = rng.random((150, 784), dtype=np.float32)
-    y = rng.integers(0, 62, 150)
+    x = rng.random((n, 784), dtype=np.float32)
+    y = rng.integers(0, 62, n)
 
-    a = plain.train(x, y, epochs=1, batch_size=5, lr=0.005, seed=9, deferred=False)
-    b = fast.train(x, y, epochs=1, batch_size=5, lr=0.005, seed=9)
+    a = plain.train(x, y, epochs=1, batch_size=batch, lr=0.005, seed=9, deferred=False)
+    b = fast.train(x, y, epochs=1, batch_size=batch, lr=0.005, seed=9)
 
-    assert a.n_steps == b.n_steps == 30
+    assert "flush" in fast._runners and "flush" not in plain._runners  # each took its path
+    assert a.n_steps == b.n_steps == n // batch
     assert abs(a.mean_loss - b.mean_loss) < 1e-4 * abs(a.mean_loss)
     rel = np.linalg.norm(a.weights - b.weights) / np.linalg.norm(a.weights)
-    moved = np.linalg.norm(a.weights - TFLiteModel(zoo_model("cnn_femnist")).get_weights())
+    moved = np.linalg.norm(a.weights - TFLiteModel(zoo_model(name)).get_weights())
     assert rel < 1e-5
     assert moved > 0
+
+
+def test_batches_of_more_than_half_the_pending_rows_train_plainly(zoo_model) -> None:
+    """With one batch per fold-in a deferred step would do a plain step's work and the
+    factors' besides, so mlp_femnist (40 rows) trains batch 21 and up with ``train``,
+    bit for bit as ``deferred=False`` does, and batch 20 deferred."""
+    rng = np.random.default_rng(6)
+    x = rng.random((84, 784), dtype=np.float32)
+    y = rng.integers(0, 62, 84)
+    start = TFLiteModel(zoo_model("mlp_femnist")).get_weights()
+    for batch, defers in ((20, True), (21, False), (32, False)):
+        model, plain = TFLiteModel(zoo_model("mlp_femnist")), TFLiteModel(zoo_model("mlp_femnist"))
+
+        got = model.train(x, y, batch_size=batch, lr=0.01, seed=1, initial_weights=start).weights
+        want = plain.train(x, y, batch_size=batch, lr=0.01, seed=1, initial_weights=start, deferred=False).weights
+
+        assert ("train_deferred" in model._runners) == defers, batch
+        if not defers:
+            np.testing.assert_array_equal(got, want)
 
 
 def test_after_a_flush_every_signature_agrees_with_plain_sgd(zoo_model) -> None:
