@@ -47,6 +47,7 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         rounds=args.rounds,
         seed=getattr(args, "seed", None),
         workers=args.workers,
+        worker_kind=args.worker_kind,
         epochs=args.epochs,
         batch=args.batch,
         lr=args.lr,
@@ -231,7 +232,16 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
     p.add_argument("--mu", type=float, help="FedProx proximal weight for local training (default: the method's)")
-    p.add_argument("--workers", type=int, help="processes (default 1)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="clients trained side by side, each on its own interpreter (default 1: one interpreter on every core)",
+    )
+    p.add_argument(
+        "--worker-kind",
+        choices=["thread", "process"],
+        help="where workers run when there are several: threads of this process (default) or forked processes",
+    )
     p.add_argument("--shift", type=float, help="distribution-shift swap probability per round")
     p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="strategy parameter, e.g. n_groups=5 kappa=0.3 mu=0.01"

@@ -6,6 +6,7 @@ A file looks like::
     rounds = 300
     seed = 0
     workers = 2
+    worker_kind = "thread"   # thread | process: where the workers run
     topology = "examples/topologies/office.toml"   # links (server/simulation/topology.py)
     federated_eval_every = 1  # score every client every N rounds (and after the last; 0: never)
 
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from device.errors import ConfigError, CoveyError
 from device.protocol.codecs import WIRE_CODECS
 from server.settings import Setting, Source
+from server.simulation.threads import WORKER_KINDS
 
 if TYPE_CHECKING:  # the strategies load only when a run is prepared
     from server.screening import ScreeningConfig
@@ -123,6 +125,7 @@ class SimulationConfig:
     rounds: int = 50
     seed: int = 0
     workers: int = 1
+    worker_kind: str = "thread"  # with workers > 1: threads of this process or forked processes
     epochs: int | None = None  # None: the strategy's paper value
     batch: int | None = None
     lr: float | None = None
@@ -155,6 +158,8 @@ class SimulationConfig:
             raise ConfigError(f"link_grouping must be true or false, got {_shown(self.link_grouping)}")
         if not self.link_grouping and self.topology is None:
             raise ConfigError("link_grouping = false (--no-link-grouping) needs a topology (--topology FILE) to time")
+        if self.worker_kind not in WORKER_KINDS:
+            raise ConfigError(f"worker_kind must be one of {', '.join(WORKER_KINDS)}, got {_shown(self.worker_kind)}")
         if self.codec not in WIRE_CODECS:
             raise ConfigError(f"codec must be one of {', '.join(WIRE_CODECS)}, got {_shown(self.codec)}")
         if self.shift_mode not in SHIFT_MODES:
@@ -277,6 +282,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         "rounds",
         "seed",
         "workers",
+        "worker_kind",
         "model",
         "shift_probability",
         "shift_mode",

@@ -2,10 +2,12 @@
 
 :class:`VirtualDevices` is the simulator's :class:`~server.rounds.Backend`: it runs
 each work unit (one chain, one parallel member, one pre-training, one evaluation)
-with :class:`Trainer`, which calls the same device code a board runs. Work units go
-to a pool of worker processes when ``workers > 1`` (fork: the data are shared
-copy-on-write; one batch of units per worker and map, weights through shared memory:
-:mod:`server.simulation.pool`); results do not depend on the number of workers. :class:`Simulation`
+with :class:`Trainer`, which calls the same device code a board runs. With
+``workers > 1`` work units run on that many threads of this process, each with its
+own one-thread interpreter (``worker_kind = "thread"``, the default:
+:mod:`server.simulation.threads`), or on forked worker processes (``"process"``: the
+data are shared copy-on-write; one batch of units per worker and map, weights through
+shared memory: :mod:`server.simulation.pool`); results do not depend on either. :class:`Simulation`
 is the driver and this backend together.
 
 Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
@@ -53,6 +55,7 @@ from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.faults import Faults
 from server.simulation.pool import SharedPool, balance
+from server.simulation.threads import WORKER_KINDS, ThreadWorkers, WorkerKind
 from server.simulation.trainer import ChainOutcome, Trainer
 from server.simulation.wire import frame_bytes
 from server.strategies.base import ClientInfo, GroupPlan, GroupResult, MemberResult, RoundPlan, Strategy
@@ -91,7 +94,9 @@ class VirtualDevices:
     ----------
     federation : client id -> :class:`ClientData`.
     model_path : the zoo ``.tflite`` (manifest beside it).
-    workers : processes for training and evaluation (1: in this process).
+    workers : interpreters for training and evaluation (1: one, with two threads).
+    worker_kind : with ``workers > 1``, ``"thread"`` (threads of this process) or
+        ``"process"`` (forked processes); see the module docstring.
     snr_db, distance : optional link matrices (clients in sorted id order) offered to
         strategies that group by link quality (DSC, FedAvg-IC, HierFAVG).
     shift : optional distribution shift applied before every round (FlexCFL).
@@ -108,6 +113,7 @@ class VirtualDevices:
         model_path: Path | str,
         *,
         workers: int = 1,
+        worker_kind: WorkerKind = "thread",
         snr_db: np.ndarray | None = None,
         distance: np.ndarray | None = None,
         shift: SwapShift | None = None,
@@ -134,7 +140,14 @@ class VirtualDevices:
                     self.local.model.check_data(part.x, part.y)  # clear error if the model does not fit
         self.workers = workers
         self.n_params = self.local.model.n_params
-        self.pool: _Local | SharedPool = self._new_pool() if workers > 1 else _Local(self.local)
+        if worker_kind not in WORKER_KINDS:
+            raise ValueError(f"worker_kind must be one of {WORKER_KINDS}, got {worker_kind!r}")
+        self.pool: _Local | SharedPool | ThreadWorkers = _Local(self.local)
+        if workers > 1 and worker_kind == "process":
+            self.pool = self._new_pool()
+        elif workers > 1:  # the threads share this process's data: a shift reaches them as it is made
+            more = [Trainer(model_path, federation, threads=1, faults=self.faults) for _ in range(workers - 1)]
+            self.pool = ThreadWorkers([self.local, *more])
         self._snr, self._distance = snr_db, distance
         self.shift = shift
         self.shift_rng = np.random.default_rng([int(seed), SHIFT_STREAM])
@@ -340,7 +353,8 @@ class Simulation:
     federation : client id -> :class:`ClientData`.
     model_path : the zoo ``.tflite`` (manifest beside it).
     seed : seeds the strategy's generator and every client's batch order.
-    workers : processes for training and evaluation (1: in this process).
+    workers : interpreters for training and evaluation (see :class:`VirtualDevices`).
+    worker_kind : threads or processes when ``workers > 1`` (see :class:`VirtualDevices`).
     snr_db, distance : optional link matrices (see :class:`VirtualDevices`).
     shift : optional distribution shift applied before every round (FlexCFL).
     cost_model : Eq. (15)-(17) parameters.
@@ -363,6 +377,7 @@ class Simulation:
         *,
         seed: int = 0,
         workers: int = 1,
+        worker_kind: WorkerKind = "thread",
         snr_db: np.ndarray | None = None,
         distance: np.ndarray | None = None,
         shift: SwapShift | None = None,
@@ -380,6 +395,7 @@ class Simulation:
             federation,
             model_path,
             workers=workers,
+            worker_kind=worker_kind,
             snr_db=snr_db,
             distance=distance,
             shift=shift,
@@ -412,7 +428,7 @@ class Simulation:
         return self.driver.step()
 
     def run(self, rounds: int, progress: Callable[[RoundRecord], None] | None = None) -> list[RoundRecord]:
-        """Run ``rounds`` more rounds, then release the worker processes."""
+        """Run ``rounds`` more rounds, then release the workers."""
         try:
             return self.driver.run(self.driver.rnd + rounds, progress)
         finally:

@@ -88,6 +88,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "rounds": cfg.setting("rounds", cfg.rounds),
         "seed": cfg.setting("seed", cfg.seed),
         "workers": cfg.setting("workers", cfg.workers),
+        "worker_kind": cfg.setting("worker_kind", cfg.worker_kind),
         "shift_probability": cfg.setting("shift_probability", cfg.shift_probability),
         "shift_mode": cfg.setting("shift_mode", cfg.shift_mode),
         "screening": cfg.setting("screening", cfg.screening),
@@ -173,6 +174,7 @@ def run_simulation(
         path,
         seed=c.seed,
         workers=c.workers,
+        worker_kind=c.worker_kind,  # type: ignore[arg-type]  # checked by SimulationConfig
         shift=shift,
         screening=c.screening_config(),
         snr_db=snr,

@@ -40,7 +40,7 @@ class Trainer:
         self, model_path: Path | str, data: Mapping[str, ClientData], threads: int = 1, faults: Faults | None = None
     ) -> None:
         # one interpreter loads a model per task: released pages would fault back in at each load
-        self.model = TFLiteModel(model_path, num_threads=threads, release_pages=False)
+        self.model = TFLiteModel(model_path, num_threads=threads, release_memory=False)
         self.data = data
         self.faults = faults or Faults()  # poisoners scale what they return (server/simulation/faults.py)
 
@@ -111,7 +111,7 @@ def default_workers() -> int:
 def server_evaluator(model_path: Path | str, data: Dataset) -> Callable[[np.ndarray], tuple[float, float]]:
     """Accuracy and loss of a global model on a held-out set the server owns (what the
     coordinator scores with ``--eval-data``), for :class:`~server.simulation.engine.Simulation`."""
-    model = TFLiteModel(model_path, num_threads=1, release_pages=False)
+    model = TFLiteModel(model_path, num_threads=1, release_memory=False)
 
     def evaluate(weights: np.ndarray) -> tuple[float, float]:
         model.set_weights(weights)

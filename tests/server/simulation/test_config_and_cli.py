@@ -40,6 +40,7 @@ def test_toml_config_and_overrides(tmp_path) -> None:
         ("[screening]\nenabled = 1\n", "screening must be true or false"),
         ("[screening]\nfactor = 3\n", "unknown \\[screening\\] key"),
         ("[simulation]\nfederated_eval_every = -1\n", "federated_eval_every must be an integer >= 0"),
+        ('[simulation]\nworker_kind = "fiber"\n', "worker_kind must be one of thread, process"),
     ],
 )
 def test_bad_config_files_are_refused(tmp_path, text: str, message: str) -> None:
@@ -241,3 +242,18 @@ def test_simulate_with_a_topology_stores_its_links_and_modelled_time(tmp_path, c
     assert_one_line_error(
         covey(*argv, "--topology", str(tmp_path / "bad.toml")), "places 5 devices but the simulation has 12"
     )
+
+
+def test_the_worker_kind_comes_from_the_flag_and_is_recorded(tmp_path) -> None:
+    """``--workers 2 --worker-kind process`` runs on forked processes and the results
+    JSON says so; the flag's models are those of the default threads."""
+    argv = ["simulate", "--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=12", "--rounds", "2"]
+    for kind in ("thread", "process"):
+        assert main([*argv, "--workers", "2", "--worker-kind", kind, "--out", str(tmp_path / kind)]) == 0
+
+    runs = {k: json.loads((tmp_path / k / "fedavg_synthetic_seed0.json").read_text()) for k in ("thread", "process")}
+    assert runs["process"]["settings"]["worker_kind"]["value"] == "process"
+    assert runs["process"]["settings"]["worker_kind"]["source"] == "flag"
+    assert runs["thread"]["settings"]["workers"]["value"] == 2
+    losses = {k: [r["train_loss"] for r in run["rounds"]] for k, run in runs.items()}
+    assert losses["thread"] == losses["process"]

@@ -1,8 +1,9 @@
-"""Worker processes: batched calls, weights through shared memory, results bit for bit
-those of one process."""
+"""Workers: threads with an interpreter each, or processes with batched calls and
+weights through shared memory; results bit for bit those of one worker."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from server.simulation.datasets import Federation, leaf
 from server.simulation.engine import Simulation
 from server.simulation.pool import SHARE_MIN_BYTES, SharedPool, balance
+from server.simulation.threads import WORKER_KINDS, ThreadWorkers
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 
@@ -30,13 +32,15 @@ def writers() -> Federation:
     return {c: fed[c] for c in sorted(fed)[:12]}
 
 
+@pytest.mark.parametrize("kind", WORKER_KINDS)
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_two_workers_give_bit_identical_results_to_one(name: str, writers: Federation, zoo_model) -> None:
+def test_two_workers_give_bit_identical_results_to_one(name: str, kind: str, writers: Federation, zoo_model) -> None:
     model = zoo_model("mlp_femnist")  # 1.7 MB of weights: the shared-memory path, not the pipe
 
     def run(workers: int) -> tuple[list[tuple[float, ...]], list[np.ndarray]]:
         strategy = make_strategy(name, train=TRAIN, **SETTINGS[name])
-        records = Simulation(strategy, dict(writers), model, seed=3, workers=workers).run(3)
+        sim = Simulation(strategy, dict(writers), model, seed=3, workers=workers, worker_kind=kind)  # type: ignore[arg-type]
+        records = sim.run(3)
         rows = [(r.federated_accuracy, r.federated_loss, r.train_loss, float(r.trained)) for r in records]
         return rows, [strategy.model_for(c) for c in sorted(writers)]
 
@@ -47,6 +51,57 @@ def test_two_workers_give_bit_identical_results_to_one(name: str, writers: Feder
     assert models1[0].nbytes >= SHARE_MIN_BYTES
     for a, b in zip(models1, models2, strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+class _Recorder:
+    """Counts how many calls run on it at once; ``fail`` raises on one value."""
+
+    def __init__(self, name: str, started: threading.Barrier | None = None) -> None:
+        self.name, self.started = name, started
+        self.lock, self.active, self.most = threading.Lock(), 0, 0
+
+    def tag(self, value: int) -> tuple[str, int]:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        if self.started is not None:
+            self.started.wait(timeout=30)  # both runners busy at once: they run side by side
+        with self.lock:
+            self.active -= 1
+        return self.name, value * 10
+
+    def fail(self, value: int) -> int:
+        if value == 3:
+            raise RuntimeError("client 3 diverged")
+        return value
+
+
+def test_thread_workers_run_side_by_side_and_return_results_in_call_order() -> None:
+    started = threading.Barrier(2)
+    runners = [_Recorder("a", started), _Recorder("b", started)]
+    workers = ThreadWorkers(runners)
+    try:
+        out = workers.map("tag", [(1,), (2,)], [1.0, 5.0])
+        runners[0].started = runners[1].started = None
+        more = workers.map("tag", [(i,) for i in range(7)], [float(i) for i in range(7)])
+    finally:
+        workers.close()
+
+    assert sorted(o[0] for o in out) == ["a", "b"]  # each call on its own runner, at the same time
+    assert [o[1] for o in out] == [10, 20] and [o[1] for o in more] == [i * 10 for i in range(7)]
+    assert [r.most for r in runners] == [1, 1]  # a runner (an interpreter) never runs two calls at once
+
+
+def test_a_failing_call_raises_from_map_and_the_workers_stay_usable() -> None:
+    workers = ThreadWorkers([_Recorder("a"), _Recorder("b")])
+    try:
+        with pytest.raises(RuntimeError, match="client 3 diverged"):
+            workers.map("fail", [(i,) for i in range(6)])
+        again = workers.map("fail", [(1,), (2,)])
+    finally:
+        workers.close()
+
+    assert again == [1, 2]
 
 
 def test_balance_puts_the_largest_first_on_the_lightest_worker() -> None:
