@@ -146,11 +146,11 @@ def test_the_weight_signatures_give_back_their_copies_of_the_weights(zoo_model) 
 
 
 def test_an_interpreter_that_keeps_its_pages_trains_to_the_same_weights(zoo_model) -> None:
-    """``release_pages=False`` (the simulator's interpreter, which loads a model for
+    """``release_memory=False`` (the simulator's interpreter, which loads a model for
     every task) skips the releases and nothing else: the weight signatures' buffers
     keep their copies, and training from the same start gives the same weights."""
     path = zoo_model("mlp_femnist")
-    keeping, releasing = TFLiteModel(path, release_pages=False), TFLiteModel(path)
+    keeping, releasing = TFLiteModel(path, release_memory=False), TFLiteModel(path)
     rng = np.random.default_rng(9)
     x = rng.random((30, 784), dtype=np.float32)
     y = rng.integers(0, 62, 30)
