@@ -235,7 +235,7 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        help="clients trained side by side, each on its own interpreter (default 1: one interpreter on every core)",
+        help="clients trained side by side, each on a one-thread interpreter (default 1: one interpreter, two threads)",
     )
     p.add_argument(
         "--worker-kind",

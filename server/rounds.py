@@ -1,8 +1,8 @@
 """The one round driver: plan → execute → aggregate → evaluate → record.
 
 The simulator and the coordinator both run rounds through :class:`RoundDriver`. Each
-supplies only a :class:`Backend`: where the devices are (virtual devices in this or
-worker processes, or boards over MQTT) and how to ask them for training,
+supplies only a :class:`Backend`: where the devices are (virtual devices in this
+process, its threads or worker processes, or boards over MQTT) and how to ask them for training,
 pre-training, evaluation, class counts and link matrices. Everything else — the
 order of the hooks, the seed rule, the conversion of a strategy's training settings
 into what a device receives, evaluation and the record of a round — is written here

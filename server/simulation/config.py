@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from device.errors import ConfigError, CoveyError
 from device.protocol.codecs import WIRE_CODECS
 from server.settings import Setting, Source
-from server.simulation.threads import WORKER_KINDS
+from server.simulation.threads import WORKER_KINDS, WorkerKind
 
 if TYPE_CHECKING:  # the strategies load only when a run is prepared
     from server.screening import ScreeningConfig
@@ -125,7 +125,7 @@ class SimulationConfig:
     rounds: int = 50
     seed: int = 0
     workers: int = 1
-    worker_kind: str = "thread"  # with workers > 1: threads of this process or forked processes
+    worker_kind: WorkerKind = "thread"  # with workers > 1: threads of this process or forked processes
     epochs: int | None = None  # None: the strategy's paper value
     batch: int | None = None
     lr: float | None = None

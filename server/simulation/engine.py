@@ -122,6 +122,8 @@ class VirtualDevices:
         codec: WireCodec = "fp32",
         handoff: Handoff = "auto",
     ) -> None:
+        if worker_kind not in WORKER_KINDS:
+            raise ValueError(f"worker_kind must be one of {WORKER_KINDS}, got {worker_kind!r}")
         self.faults = faults or Faults()
         self.codec: WireCodec = codec
         self.handoff: Handoff = handoff
@@ -140,8 +142,6 @@ class VirtualDevices:
                     self.local.model.check_data(part.x, part.y)  # clear error if the model does not fit
         self.workers = workers
         self.n_params = self.local.model.n_params
-        if worker_kind not in WORKER_KINDS:
-            raise ValueError(f"worker_kind must be one of {WORKER_KINDS}, got {worker_kind!r}")
         self.pool: _Local | SharedPool | ThreadWorkers = _Local(self.local)
         if workers > 1 and worker_kind == "process":
             self.pool = self._new_pool()

@@ -174,7 +174,7 @@ def run_simulation(
         path,
         seed=c.seed,
         workers=c.workers,
-        worker_kind=c.worker_kind,  # type: ignore[arg-type]  # checked by SimulationConfig
+        worker_kind=c.worker_kind,
         shift=shift,
         screening=c.screening_config(),
         snr_db=snr,

@@ -28,49 +28,69 @@ WORKER_KINDS: tuple[WorkerKind, ...] = ("thread", "process")
 
 
 class ThreadWorkers:
-    """``len(runners)`` threads, thread ``i`` calling methods of ``runners[i]`` only.
+    """Work units on ``len(runners)`` threads, each call on one of ``runners``.
+
+    A runner runs one call at a time, whatever the caller does (each holds a lock while
+    it runs one), so an interpreter never runs on two threads at once.
 
     Parameters
     ----------
     runners : one object per thread (a :class:`~server.simulation.trainer.Trainer`,
-        which owns its interpreter: an interpreter must not run on two threads at once).
+        which owns its interpreter).
     """
 
     def __init__(self, runners: Sequence[Any]) -> None:
         if not runners:
             raise ValueError("ThreadWorkers needs at least one runner")
         self.runners = list(runners)
+        self._busy = [threading.Lock() for _ in self.runners]
+        self._stop = threading.Event()  # the running map's: set on an error or an interrupt
         self.executor = ThreadPoolExecutor(len(self.runners), thread_name_prefix="covey-worker")
 
     def map(self, method: str, calls: Sequence[tuple[Any, ...]], costs: Sequence[float] | None = None) -> list[Any]:
         """``[runner.method(*c) for c in calls]``, the costliest calls first, each on the
-        next free thread; the first error any call raises is raised here."""
+        next free runner. After an error the runners take no new calls, and the error
+        raised here is the first one any call raised. An interrupt while waiting (Ctrl-C)
+        stops the runners in the same way, and this returns or raises only once every
+        runner is idle again."""
         if not calls:
             return []
         weights = list(costs) if costs is not None else [1.0] * len(calls)
         pending = iter(sorted(range(len(calls)), key=lambda i: (-weights[i], i)))
         lock = threading.Lock()
-        failed = threading.Event()  # after an error the other threads take no new calls
+        stop = self._stop = threading.Event()
+        errors: list[BaseException] = []
         results: list[Any] = [None] * len(calls)
 
-        def work(runner: Any) -> None:
-            fn = getattr(runner, method)
-            while not failed.is_set():
-                with lock:
-                    i = next(pending, None)
-                if i is None:
-                    return
-                try:
-                    results[i] = fn(*calls[i])
-                except BaseException:
-                    failed.set()
-                    raise
+        def work(index: int) -> None:
+            runner = self.runners[index]
+            with self._busy[index]:
+                fn = getattr(runner, method)
+                while not stop.is_set():
+                    with lock:
+                        i = next(pending, None)
+                    if i is None:
+                        return
+                    try:
+                        results[i] = fn(*calls[i])
+                    except BaseException as exc:
+                        with lock:
+                            errors.append(exc)
+                        stop.set()
+                        return
 
-        futures = [self.executor.submit(work, r) for r in self.runners[: len(calls)]]
-        wait(futures)  # every runner is idle again before this returns or raises
-        for future in futures:
-            future.result()
+        futures = []
+        try:
+            futures = [self.executor.submit(work, k) for k in range(min(len(self.runners), len(calls)))]
+            wait(futures)
+        except BaseException:
+            stop.set()
+            wait(futures)  # every runner idle before the caller goes on (or runs another map)
+            raise
+        if errors:
+            raise errors[0]
         return results
 
     def close(self) -> None:
+        self._stop.set()
         self.executor.shutdown(wait=True, cancel_futures=True)

@@ -1,10 +1,11 @@
 """Virtual devices: the device code of ``device/training.py`` over many clients' data.
 
-One :class:`TFLiteModel` (one interpreter) serves every virtual device of a process:
-a work unit loads the client's starting weights and runs the very function a board
-runs for the same request (same seed rule, same batches, same pre-training steps,
-same evaluation). Work units are pure functions of their inputs (weights, client id,
-seed, round), so a pool of processes gives the same results as one process.
+One :class:`Trainer` (one interpreter) serves the virtual devices of a worker (the
+process, one of its threads, or a worker process), one work unit at a time: a work
+unit loads the client's starting weights and runs the very function a board runs for
+the same request (same seed rule, same batches, same pre-training steps, same
+evaluation). Work units are pure functions of their inputs (weights, client id, seed,
+round), so any number of workers gives the same results as one.
 """
 
 from __future__ import annotations

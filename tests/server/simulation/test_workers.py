@@ -3,16 +3,17 @@ weights through shared memory; results bit for bit those of one worker."""
 
 from __future__ import annotations
 
+import copy
 import threading
 from typing import Any
 
 import numpy as np
 import pytest
 
-from server.simulation.datasets import Federation, leaf
+from server.simulation.datasets import Federation, SwapShift, leaf
 from server.simulation.engine import Simulation
 from server.simulation.pool import SHARE_MIN_BYTES, SharedPool, balance
-from server.simulation.threads import WORKER_KINDS, ThreadWorkers
+from server.simulation.threads import WORKER_KINDS, ThreadWorkers, WorkerKind
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 
@@ -32,25 +33,49 @@ def writers() -> Federation:
     return {c: fed[c] for c in sorted(fed)[:12]}
 
 
+def _run(name: str, writers: Federation, model: Any, workers: int, kind: WorkerKind, shift: SwapShift | None = None):
+    strategy = make_strategy(name, train=TRAIN, **SETTINGS[name])
+    fed = copy.deepcopy(writers) if shift is not None else dict(writers)  # "part" changes the clients' data
+    sim = Simulation(strategy, fed, model, seed=3, workers=workers, worker_kind=kind, shift=shift)
+    records = sim.run(3)
+    rows = [(r.federated_accuracy, r.federated_loss, r.train_loss, float(r.trained)) for r in records]
+    return rows, [strategy.model_for(c) for c in sorted(writers)]
+
+
+_ONE_WORKER: dict[str, Any] = {}  # strategy -> the one-worker run, shared by both kinds
+
+
 @pytest.mark.parametrize("kind", WORKER_KINDS)
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_two_workers_give_bit_identical_results_to_one(name: str, kind: str, writers: Federation, zoo_model) -> None:
+def test_two_workers_give_bit_identical_results_to_one(
+    name: str, kind: WorkerKind, writers: Federation, zoo_model
+) -> None:
     model = zoo_model("mlp_femnist")  # 1.7 MB of weights: the shared-memory path, not the pipe
+    if name not in _ONE_WORKER:
+        _ONE_WORKER[name] = _run(name, writers, model, 1, kind)
+    rows1, models1 = _ONE_WORKER[name]
 
-    def run(workers: int) -> tuple[list[tuple[float, ...]], list[np.ndarray]]:
-        strategy = make_strategy(name, train=TRAIN, **SETTINGS[name])
-        sim = Simulation(strategy, dict(writers), model, seed=3, workers=workers, worker_kind=kind)  # type: ignore[arg-type]
-        records = sim.run(3)
-        rows = [(r.federated_accuracy, r.federated_loss, r.train_loss, float(r.trained)) for r in records]
-        return rows, [strategy.model_for(c) for c in sorted(writers)]
-
-    rows1, models1 = run(1)
-    rows2, models2 = run(2)
+    rows2, models2 = _run(name, writers, model, 2, kind)
 
     assert rows1 == rows2
     assert models1[0].nbytes >= SHARE_MIN_BYTES
     for a, b in zip(models1, models2, strict=True):
         assert a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("mode", ["all", "part"])
+def test_thread_workers_see_a_distribution_shift_as_one_worker_does(mode: str, writers: Federation, zoo_model) -> None:
+    """Thread workers read the federation the shift changes in place (processes are
+    forked again after it): the shifted runs agree bit for bit, and data did move."""
+    model = zoo_model("mlp_femnist")
+    shifts = {w: SwapShift(probability=1.0, mode=mode) for w in (1, 2)}
+
+    runs = {w: _run("fedavg", writers, model, w, "thread", shifts[w]) for w in (1, 2)}
+
+    assert runs[1][0] == runs[2][0]
+    for a, b in zip(runs[1][1], runs[2][1], strict=True):
+        assert a.tobytes() == b.tobytes()
+    assert runs[1][0] != _run("fedavg", writers, model, 1, "thread")[0]  # the shift changed the run
 
 
 class _Recorder:
@@ -147,3 +172,47 @@ def test_without_room_in_dev_shm_the_pool_falls_back_to_the_pipes(monkeypatch: p
         pool.close()
 
     np.testing.assert_array_equal(out[1][1], (big + 1) * 2)
+
+
+class _Gate:
+    """Each call waits for ``release``: calls are in progress when the caller is interrupted."""
+
+    def __init__(self, release: threading.Event) -> None:
+        self.release, self.ran = release, []
+
+    def step(self, value: int) -> int:
+        self.release.wait(timeout=30)
+        self.ran.append(value)
+        return value
+
+
+def test_an_interrupt_while_waiting_stops_the_runners_before_map_raises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the caller: the runners finish the calls they are in and take no more,
+    and map raises only when every runner is idle, so the next map cannot put an
+    interpreter on two threads at once."""
+    from server.simulation import threads
+
+    release = threading.Event()
+    runners = [_Gate(release), _Gate(release)]
+    workers = ThreadWorkers(runners)
+    real_wait, waits = threads.wait, []
+
+    def interrupted(futures: Any, *args: Any, **kwargs: Any) -> Any:
+        waits.append(len(futures))
+        if len(waits) == 1:
+            release.set()  # the calls in progress may finish now
+            raise KeyboardInterrupt
+        return real_wait(futures, *args, **kwargs)
+
+    monkeypatch.setattr(threads, "wait", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            workers.map("step", [(i,) for i in range(10)])
+        busy = [lock.locked() for lock in workers._busy]
+        ran = sum(len(r.ran) for r in runners)
+        again = workers.map("step", [(i,) for i in range(4)])
+    finally:
+        workers.close()
+
+    assert busy == [False, False] and ran <= 2  # idle, after at most the calls in progress
+    assert again == [0, 1, 2, 3]
