@@ -235,7 +235,8 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workers",
         type=int,
-        help="clients trained side by side, each on a one-thread interpreter (default 1: one interpreter, two threads)",
+        help="clients trained side by side, each on a one-thread interpreter (default: one per core, at most 4; "
+        "1: one interpreter on two threads)",
     )
     p.add_argument(
         "--worker-kind",

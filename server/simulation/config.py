@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeGuard
 from device.errors import ConfigError, CoveyError
 from device.protocol.codecs import WIRE_CODECS
 from server.settings import Setting, Source
-from server.simulation.threads import WORKER_KINDS, WorkerKind
+from server.simulation.threads import WORKER_KINDS, WorkerKind, default_workers
 
 if TYPE_CHECKING:  # the strategies load only when a run is prepared
     from server.screening import ScreeningConfig
@@ -124,7 +124,7 @@ class SimulationConfig:
     model: str | None = None
     rounds: int = 50
     seed: int = 0
-    workers: int = 1
+    workers: int = field(default_factory=default_workers)  # one per core, at most 4 (threads.py)
     worker_kind: WorkerKind = "thread"  # with workers > 1: threads of this process or forked processes
     epochs: int | None = None  # None: the strategy's paper value
     batch: int | None = None

@@ -18,6 +18,7 @@ which call, nor on how many threads there are.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -25,6 +26,16 @@ from typing import Any, Literal
 
 WorkerKind = Literal["thread", "process"]  # where a simulation's workers run when there are several
 WORKER_KINDS: tuple[WorkerKind, ...] = ("thread", "process")
+# The default stops at 4: each worker holds its own interpreter (the FEMNIST CNN's takes
+# about 320 MB), and the Python share of every training step runs under the GIL, so
+# many threads would queue on it (measured on 2 cores only; docs/results.md).
+MAX_DEFAULT_WORKERS = 4
+
+
+def default_workers() -> int:
+    """Workers when the user names none: one per core this process may use, at most
+    :data:`MAX_DEFAULT_WORKERS`. Any number gives the same results."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_DEFAULT_WORKERS))
 
 
 class ThreadWorkers:

@@ -10,7 +10,6 @@ round), so any number of workers gives the same results as one.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,10 +102,6 @@ class Trainer:
             for c in clients:
                 rows[c].append(evaluate_loaded(self.model, getattr(self.data[c], split), index))
         return rows
-
-
-def default_workers() -> int:
-    return max(1, len(os.sched_getaffinity(0)))
 
 
 def server_evaluator(model_path: Path | str, data: Dataset) -> Callable[[np.ndarray], tuple[float, float]]:

@@ -257,3 +257,13 @@ def test_the_worker_kind_comes_from_the_flag_and_is_recorded(tmp_path) -> None:
     assert runs["thread"]["settings"]["workers"]["value"] == 2
     losses = {k: [r["train_loss"] for r in run["rounds"]] for k, run in runs.items()}
     assert losses["thread"] == losses["process"]
+
+
+def test_by_default_a_simulation_has_a_worker_per_core_up_to_four(tmp_path) -> None:
+    import os
+
+    assert main(["simulate", "--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=12", "--rounds", "1",
+                 "--out", str(tmp_path)]) == 0  # fmt: skip
+
+    workers = json.loads((tmp_path / "fedavg_synthetic_seed0.json").read_text())["settings"]["workers"]
+    assert workers == {"value": min(len(os.sched_getaffinity(0)), 4), "source": "covey default", "detail": ""}
