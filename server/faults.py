@@ -35,6 +35,7 @@ from device.mqtt import MqttLink
 from server.broker import LOCAL_CONF, free_port, mosquitto_binary, wait_for_port
 from server.coordinator import checkpoint
 from server.fleet import Fleet, leaf_writers, start_fleet
+from server.records import json_number
 
 REPO = Path(__file__).resolve().parent.parent
 Fault = Literal["none", "device_kill", "broker_restart", "coordinator_kill", "flaky_connection", "duplicates"]
@@ -179,7 +180,7 @@ class FaultRun:
 
     @property
     def accuracy(self) -> float:
-        return float(self.rounds[-1]["server_accuracy"]) if self.rounds else float("nan")  # type: ignore[arg-type]
+        return json_number(self.rounds[-1]["server_accuracy"]) if self.rounds else float("nan")
 
 
 TRAINED = re.compile(r"(dev\d+): round (\d+) group \d+ position \d+ trained")

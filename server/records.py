@@ -74,11 +74,30 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
     if isinstance(obj, Path):
         return str(obj)
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def json_number(value: Any) -> float:
+    """A number read back from a results JSON: ``null`` (not measured) as NaN."""
+    return math.nan if value is None else float(value)
+
+
+def strict_json_values(value: Any) -> Any:
+    """``value`` with every NaN or infinity (a figure not measured, such as the accuracy
+    of a round nobody scored) as ``None`` and numpy scalars as Python numbers, so the
+    document is strict JSON: ``NaN`` is Python's extension, which ``jq``, browsers and
+    most other readers refuse. Readers take ``null`` back as NaN where they need a number."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: strict_json_values(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [strict_json_values(v) for v in value]
+    return value
 
 
 def write_run(
@@ -102,7 +121,8 @@ def write_run(
     }
     if links is not None:
         doc["links"] = dict(links)
-    atomic_write(paths["json"], (json.dumps(doc, indent=1, default=_json_default) + "\n").encode())
+    text = json.dumps(strict_json_values(doc), indent=1, default=_json_default, allow_nan=False)
+    atomic_write(paths["json"], (text + "\n").encode())
     flat = [_flat(r) for r in rows]
     keys = sorted({k for r in flat for k in r}, key=lambda k: (k != "round", k))
     buffer = io.StringIO()

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from server.links import LinkMatrices
+from server.records import json_number
 from server.simulation.topology import LinkProfile, Site
 
 ELAPSED_NOTE = "wall seconds of the rounds (after registration and the link measurement before round 1)"
@@ -178,7 +179,7 @@ def build_report(
     from sklearn.metrics import adjusted_rand_score
 
     rounds = doc.get("rounds", [])
-    acc = [float(r.get("server_accuracy", math.nan)) for r in rounds]
+    acc = [json_number(r.get("server_accuracy")) for r in rounds]
     wall = [float(r.get("wall_s", 0.0)) for r in rounds]
     finite = [a for a in acc if math.isfinite(a)]
     report = FieldReport(

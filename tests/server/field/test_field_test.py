@@ -170,9 +170,10 @@ def test_a_topology_or_data_that_cannot_be_used_is_one_line(tmp_path: Path, caps
         assert all(n in err for n in needles), (args, err)
 
 
-def test_a_report_reads_back_from_its_json() -> None:
+@pytest.mark.parametrize("unscored", [math.nan, None])  # a results.json writes null since strict JSON
+def test_a_report_reads_back_from_its_json(unscored: float | None) -> None:
     site_of = {"f1": FAST, "s1": SLOW}
-    doc = {"rounds": [{"server_accuracy": math.nan, "wall_s": 1.0}, {"server_accuracy": 0.5, "wall_s": 2.0}]}
+    doc = {"rounds": [{"server_accuracy": unscored, "wall_s": 1.0}, {"server_accuracy": 0.5, "wall_s": 2.0}]}
     report = build_report(doc, site_of, strategy="fedavg", bandwidth_hz=20e6, target=0.9)
 
     text = json.dumps(report.to_dict(), allow_nan=False)  # strict JSON: nothing measured is null

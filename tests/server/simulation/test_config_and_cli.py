@@ -142,13 +142,18 @@ def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> Non
     assert load_config(config).federated_eval_every == 0
 
 
+def _not_json(constant: str) -> None:
+    raise AssertionError(f"{constant} is Python's extension, not JSON")
+
+
 def test_a_run_that_scores_no_round_says_so_and_compare_refuses_it(tmp_path, capsys, recwarn) -> None:
     argv = ["--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=12", "--rounds", "2"]
     assert main(["simulate", *argv, "--federated-eval-every", "0", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "no accuracy measured (--federated-eval-every 0)" in out and "nan" not in out
-    result = json.loads((tmp_path / "fedavg_synthetic_seed0.json").read_text())
+    result = json.loads((tmp_path / "fedavg_synthetic_seed0.json").read_text(), parse_constant=_not_json)
     assert result["settings"]["federated_eval_every"]["value"] == 0
+    assert [r["federated_accuracy"] for r in result["rounds"]] == [None, None]  # strict JSON: not measured is null
     assert (tmp_path / "fedavg_synthetic_seed0.png").stat().st_size > 10_000
     assert not [w for w in recwarn if "artists" in str(w.message)]  # no empty legend
     code = main(["compare", *argv[2:], "--strategies", "fedavg", "--federated-eval-every", "0", "--out", str(tmp_path)])
