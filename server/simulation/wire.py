@@ -11,6 +11,8 @@ a count may differ from a board's by a few bytes per frame.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from device.protocol import DELTA_CODECS, FrameCodec, FrameExtra
@@ -21,8 +23,16 @@ _BASE = "0" * 64  # a base's sha256 is 64 hex digits whatever it is
 
 def frame_bytes(payload: np.ndarray, codec: FrameCodec) -> int:
     """Bytes of the frames that carry ``payload`` encoded by ``codec``."""
+    return _frames_size(payload.shape, payload.dtype.str, codec)
+
+
+@functools.lru_cache(maxsize=256)
+def _frames_size(shape: tuple[int, ...], dtype: str, codec: FrameCodec) -> int:
+    """The size depends on the payload's shape, dtype and codec alone (its headers hold
+    no hash here), so it is built once per kind of payload: building two headers for
+    each of a round's 20 models took 1.2 ms of an 80 ms simulated FedAvg round."""
     return frames_size(
-        payload,
+        np.empty(shape, np.dtype(dtype)),
         kind="result",
         run="sim",
         round=1,

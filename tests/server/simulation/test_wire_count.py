@@ -42,3 +42,35 @@ def test_the_counted_size_is_the_length_of_the_frames_built(n: int, codec: str) 
     # Assert
     assert counted == built
     assert frame_bytes(payload, used) >= payload.nbytes  # the simulator's count, headers included
+
+
+def test_the_count_is_kept_per_kind_of_payload_and_equals_the_frames_built() -> None:
+    """frame_bytes builds the headers once per shape, dtype and codec: payloads that
+    differ in values only get the same count, which is that of the frames built, and
+    another shape or codec gets its own."""
+    from server.simulation.wire import _BASE
+
+    def built(payload: np.ndarray, codec: str) -> int:
+        frames = encode_frames(
+            payload,
+            kind="result",
+            run="sim",
+            round=1,
+            group=0,
+            sender="sim-device",
+            extra=FrameExtra("sim-task-r1-g0-p0", position=0),
+            codec=codec,  # type: ignore[arg-type]
+            base=_BASE if codec.startswith("int") else None,
+        )
+        return sum(len(f) for f in frames)
+
+    rng = np.random.default_rng(4)
+    first, second = rng.normal(size=1_500_000).astype(np.float32), rng.normal(size=1_500_000).astype(np.float32)
+    shorter = first[:1_000].copy()
+    codes = rng.integers(0, 256, 5_000).astype(np.uint8)
+
+    counts = [frame_bytes(first, "raw"), frame_bytes(second, "raw"), frame_bytes(shorter, "raw")]
+
+    assert counts == [built(first, "raw"), built(second, "raw"), built(shorter, "raw")]
+    assert counts[0] == counts[1] > counts[2]
+    assert frame_bytes(codes, "int8") == built(codes, "int8") != frame_bytes(codes, "int8z")
