@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Literal
 
 WorkerKind = Literal["thread", "process"]  # where a simulation's workers run when there are several
@@ -90,9 +90,10 @@ class ThreadWorkers:
                         stop.set()
                         return
 
-        futures = []
+        futures: list[Future[None]] = []
         try:
-            futures = [self.executor.submit(work, k) for k in range(min(len(self.runners), len(calls)))]
+            for k in range(min(len(self.runners), len(calls))):
+                futures.append(self.executor.submit(work, k))
             wait(futures)
         except BaseException:
             stop.set()
