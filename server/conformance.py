@@ -30,6 +30,7 @@ from device.manifest import load_manifest, manifest_path_for
 from device.mqtt import Incoming, MqttLink
 from device.protocol import (
     SERVER_ID,
+    FrameCodec,
     FrameExtra,
     FrameHeader,
     FrameKind,
@@ -63,6 +64,8 @@ RULES: dict[str, str] = {
     "frames_well_formed": "every frame it sends follows the frame header schema (group an integer, -1 for none)",
     "result_follows_frames": "sends the result message at once after its output frames (within 3 s)",
     "identity": "publishes only under topics that carry its id, and names itself as the sender",
+    "codecs": "lists in register only frame codecs there are, raw among them, and trains from an fp16 start model "
+    "when it lists fp16",
 }
 PEER, SINK = "conformance-peer", "conformance-sink"
 
@@ -144,6 +147,7 @@ class ConformanceKit:
         self.frame_problems: list[str] = []
         self.epoch = uuid.uuid4().hex[:8]
         self._tasks = 0
+        self.registration: Register | None = None  # the device's register body, once it arrived
 
     # -- plumbing --------------------------------------------------------------------------
     def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:
@@ -168,7 +172,10 @@ class ConformanceKit:
         rnd: int = 1,
         group: int = 0,
         extra: FrameExtra,
+        codec: FrameCodec = "raw",
     ) -> list[bytes]:
+        """Publish ``weights`` as frames; with ``codec`` other than raw, ``weights`` is the
+        payload that codec encoded (``encode_float``)."""
         frames = list(
             encode_frames(
                 weights,
@@ -178,6 +185,7 @@ class ConformanceKit:
                 group=group,
                 sender=sender,
                 extra=extra,
+                codec=codec,
             )
         )
         for f in frames:
@@ -252,7 +260,7 @@ class ConformanceKit:
 
     def run_all(self) -> Report:
         try:
-            body = self.setup()
+            body = self.registration = self.setup()
             counts_ok = body is not None and len(body.class_counts) == self.manifest.n_classes
             self.verdict(
                 "register",

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from device.protocol import (
+    FRAME_CODECS,
     SERVER_ID,
     DeviceHop,
     EvaluateRequest,
@@ -29,6 +30,7 @@ from device.protocol import (
     ResendRequest,
     TrainRequest,
     TrainResult,
+    encode_float,
     encode_frames,
 )
 from server.conformance import PEER, SINK
@@ -138,6 +140,36 @@ class _Checks:
         why = self.trained(out) or ("" if res is not None else "no train result message")
         self.kit.verdict("train_parallel", not why, why)
         return request, out
+
+    def codecs(self) -> None:
+        """The codecs the registration lists (optional: devices from before version 2's
+        ``codecs`` list none) exist and include raw; a device that lists fp16 trains from
+        a start model sent as fp16. The delta codecs need a base the device holds, which
+        this kit does not track; covey's own agents are checked on them by the
+        equivalence tests."""
+        registration = self.kit.registration
+        listed = registration.codecs if registration is not None else None
+        if listed is None:
+            self.kit.verdict("codecs", True)
+            return
+        unknown = sorted(set(listed) - set(FRAME_CODECS))
+        if unknown or "raw" not in listed:
+            why = f"lists {unknown} (there are {', '.join(FRAME_CODECS)})" if unknown else "does not list raw"
+            self.kit.verdict("codecs", False, f"register {why}")
+            return
+        if "fp16" not in listed:
+            self.kit.verdict("codecs", True)
+            return
+        since, task = len(self.kit.seen), self.kit._task("f16")
+        self.train(task)
+        extra = FrameExtra(task, index=0, position=0)
+        payload = encode_float(self.start, "fp16")
+        self.kit._frames(payload, self.t.frames(self.me), sender=SERVER_ID, extra=extra, codec="fp16")
+        out = self.output(since, self.t.uploads(self.me), task, "result")
+        res = self.result(since, task, TrainResult)
+        self.note_gap(out, res)
+        why = self.trained(out) or ("" if res is not None else "no train result message")
+        self.kit.verdict("codecs", not why, f"with an fp16 start model: {why}")
 
     def duplicate(self, request: TrainRequest, first: Output | None) -> None:
         """The same request again: the device must not train again. It may deliver the
@@ -289,6 +321,7 @@ def run_checks(kit: ConformanceKit) -> None:
     c.ping()
     request, first = c.parallel()
     c.duplicate(request, first)
+    c.codecs()
     c.shared()
     task, out = c.handoff()
     c.resend(task, out)

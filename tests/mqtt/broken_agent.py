@@ -1,4 +1,4 @@
-"""covey's agent, broken on purpose in three ways a third-party device got wrong.
+"""covey's agent, broken on purpose in four ways a third-party device got wrong.
 
 1. Its frames carry ``"group": null`` (the protocol's ``group`` is an integer, -1 for
    none).
@@ -6,6 +6,7 @@
    broker's acknowledgement first), not at once.
 3. It answers ``pretrain`` with the trained weights instead of trained minus start,
    and sends no result message.
+4. Its registration lists a frame codec there is not (``int9``).
 
 Run like covey-device: ``python tests/mqtt/broken_agent.py --broker ... --run ... --id ...``.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from device import cli, tasks
+from device import agent, cli, tasks
 from device.protocol import FrameExtra, send_model
 from device.protocol import frames as frames_module
 from device.training import pretrain_locally
@@ -83,6 +84,7 @@ def _wrong_pretrain(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.
 
 
 frames_module.encode_frames = _null_group  # type: ignore[assignment]
+agent.FRAME_CODECS = (*agent.FRAME_CODECS, "int9")  # type: ignore[attr-defined]
 tasks.TaskRunner.train = _late_train  # type: ignore[method-assign]
 tasks.TaskRunner.pretrain = _wrong_pretrain  # type: ignore[method-assign]
 

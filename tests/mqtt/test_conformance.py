@@ -42,7 +42,7 @@ def test_covey_agent_conforms_to_every_rule(broker, tmp_path, capsys) -> None:
     assert "FAIL" not in out
 
 
-def test_a_device_breaking_three_rules_gets_three_named_failures(broker, tmp_path) -> None:
+def test_a_device_breaking_four_rules_gets_four_named_failures(broker, tmp_path) -> None:
     from covey.paths import ensure_model
 
     # Prepare: the broken device, as a third party's process
@@ -87,9 +87,10 @@ def test_a_device_breaking_three_rules_gets_three_named_failures(broker, tmp_pat
         device.terminate()
         device.wait(30)
 
-    # Assert: exactly the three broken rules fail, each with what was seen
+    # Assert: exactly the four broken rules fail, each with what was seen
     failed = {v.rule: v.detail for v in report.failed}
-    assert set(failed) == {"frames_well_formed", "result_follows_frames", "pretrain_reply"}, report.table()
+    assert set(failed) == {"frames_well_formed", "result_follows_frames", "pretrain_reply", "codecs"}, report.table()
+    assert "lists ['int9']" in failed["codecs"]
     assert "group must be an integer" in failed["frames_well_formed"]
     assert "after the output frames" in failed["result_follows_frames"]
     assert "trained weights, not trained minus start" in failed["pretrain_reply"]
