@@ -29,6 +29,8 @@ Prints::
     figure sim_workers2_wall_speedup = ...   (whole process, one worker ÷ two)
     figure sim_vs_flower_wall_ratio = ...    (covey ÷ Flower, whole process; --with-flower)
     figure sim_vs_flower_round_ratio = ...   (covey ÷ Flower, seconds per round; --with-flower)
+    figure sim_vs_flower_wall_ratio_workers2 = ...   (the same with --workers 2, covey's default
+    figure sim_vs_flower_round_ratio_workers2 = ...   on two cores: one worker per core, at most 4)
 
 ``--eval-every N`` runs both sides scoring the writers every N rounds (and after the
 last; 0: never) instead, to see what the per-round evaluation costs each side.
@@ -220,6 +222,8 @@ def main() -> None:
             print(f"figure sim_flower_round_s{suffix} = {med['flower'][1]:.4f}")
             print(f"figure sim_vs_flower_wall_ratio{suffix} = {med['w1'][0] / med['flower'][0]:.3f}")
             print(f"figure sim_vs_flower_round_ratio{suffix} = {med['w1'][1] / med['flower'][1]:.3f}")
+            print(f"figure sim_vs_flower_wall_ratio_workers2{suffix} = {med['w2'][0] / med['flower'][0]:.3f}")
+            print(f"figure sim_vs_flower_round_ratio_workers2{suffix} = {med['w2'][1] / med['flower'][1]:.3f}")
 
 
 if __name__ == "__main__":
