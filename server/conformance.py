@@ -4,7 +4,8 @@
 run ``RUN``: it publishes the model artifact and a running status, waits for the
 device to register, then sends it every kind of request — parallel and chain
 training, direct and relayed hand-offs, a shared start model, pre-training,
-evaluation, ``resend``, ``ping`` — and bad input it must ignore (a duplicate
+evaluation, ``resend``, ``ping``, a start model sent as fp16 — and checks the codecs
+it registers, and sends bad input it must ignore (a duplicate
 request, a corrupted frame, a hand-off from a device that is not its predecessor,
 a model of another round). It watches everything on ``covey/RUN/#`` and judges the
 device by the rules of ``docs/protocol.md`` (:data:`RULES`), each reported as
@@ -64,8 +65,8 @@ RULES: dict[str, str] = {
     "frames_well_formed": "every frame it sends follows the frame header schema (group an integer, -1 for none)",
     "result_follows_frames": "sends the result message at once after its output frames (within 3 s)",
     "identity": "publishes only under topics that carry its id, and names itself as the sender",
-    "codecs": "lists in register only frame codecs there are, raw among them, and trains from an fp16 start model "
-    "when it lists fp16",
+    "codecs": "lists raw, fp16, int8 and int8z in register's codecs when it sends the list, and trains from an "
+    "fp16 start model",
 }
 PEER, SINK = "conformance-peer", "conformance-sink"
 

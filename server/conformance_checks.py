@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from device.protocol import (
-    FRAME_CODECS,
     SERVER_ID,
     DeviceHop,
     EvaluateRequest,
@@ -30,10 +29,13 @@ from device.protocol import (
     ResendRequest,
     TrainRequest,
     TrainResult,
+    decode,
     encode_float,
     encode_frames,
 )
 from server.conformance import PEER, SINK
+
+REQUIRED_CODECS = ("raw", "fp16", "int8", "int8z")  # what the coordinator sends any version-2 device
 
 if TYPE_CHECKING:
     from server.conformance import ConformanceKit
@@ -142,23 +144,18 @@ class _Checks:
         return request, out
 
     def codecs(self) -> None:
-        """The codecs the registration lists (optional: devices from before version 2's
-        ``codecs`` list none) exist and include raw; a device that lists fp16 trains from
-        a start model sent as fp16. The delta codecs need a base the device holds, which
-        this kit does not track; covey's own agents are checked on them by the
-        equivalence tests."""
+        """Every version-2 device decodes ``raw``, ``fp16``, ``int8`` and ``int8z`` (the
+        coordinator sends them to any device; only ``int4`` runs ask the ``codecs`` list,
+        which agents older than ``int4`` do not send). So a list, when sent, must name
+        those four (names this kit does not know are allowed: a newer device may list a
+        newer codec), and the device must train from a start model sent as fp16. The
+        delta codecs need a base the device holds, which this kit does not track; covey's
+        own agents are checked on them by the equivalence tests."""
         registration = self.kit.registration
         listed = registration.codecs if registration is not None else None
-        if listed is None:
-            self.kit.verdict("codecs", True)
-            return
-        unknown = sorted(set(listed) - set(FRAME_CODECS))
-        if unknown or "raw" not in listed:
-            why = f"lists {unknown} (there are {', '.join(FRAME_CODECS)})" if unknown else "does not list raw"
-            self.kit.verdict("codecs", False, f"register {why}")
-            return
-        if "fp16" not in listed:
-            self.kit.verdict("codecs", True)
+        missing = [c for c in REQUIRED_CODECS if listed is not None and c not in listed]
+        if missing:
+            self.kit.verdict("codecs", False, f"register lists {sorted(listed or ())}, without {missing}")
             return
         since, task = len(self.kit.seen), self.kit._task("f16")
         self.train(task)
@@ -169,6 +166,8 @@ class _Checks:
         res = self.result(since, task, TrainResult)
         self.note_gap(out, res)
         why = self.trained(out) or ("" if res is not None else "no train result message")
+        if not why and out is not None and np.array_equal(out[1], decode(payload, "fp16")):
+            why = "the output equals the fp16 start model: nothing was trained"
         self.kit.verdict("codecs", not why, f"with an fp16 start model: {why}")
 
     def duplicate(self, request: TrainRequest, first: Output | None) -> None:

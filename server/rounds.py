@@ -425,5 +425,6 @@ def records_as_dicts(records: Sequence[RoundRecord]) -> list[dict[str, object]]:
 
 
 def record_from_dict(row: Mapping[str, object]) -> RoundRecord:
-    """A record read back from a checkpoint or a result file."""
+    """A record read back from a checkpoint (which keeps NaN; a results JSON writes
+    ``null`` for it, see :func:`server.records.strict_json_values`)."""
     return RoundRecord(**row)  # type: ignore[arg-type]

@@ -6,7 +6,8 @@
    broker's acknowledgement first), not at once.
 3. It answers ``pretrain`` with the trained weights instead of trained minus start,
    and sends no result message.
-4. Its registration lists a frame codec there is not (``int9``).
+4. Its registration lists only ``raw`` among its codecs, as if it could not decode the
+   fp16 and int8 models every version-2 device gets.
 
 Run like covey-device: ``python tests/mqtt/broken_agent.py --broker ... --run ... --id ...``.
 """
@@ -84,7 +85,7 @@ def _wrong_pretrain(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.
 
 
 frames_module.encode_frames = _null_group  # type: ignore[assignment]
-agent.FRAME_CODECS = (*agent.FRAME_CODECS, "int9")  # type: ignore[attr-defined]
+agent.FRAME_CODECS = ("raw",)  # type: ignore[attr-defined]
 tasks.TaskRunner.train = _late_train  # type: ignore[method-assign]
 tasks.TaskRunner.pretrain = _wrong_pretrain  # type: ignore[method-assign]
 

@@ -90,7 +90,7 @@ def test_a_device_breaking_four_rules_gets_four_named_failures(broker, tmp_path)
     # Assert: exactly the four broken rules fail, each with what was seen
     failed = {v.rule: v.detail for v in report.failed}
     assert set(failed) == {"frames_well_formed", "result_follows_frames", "pretrain_reply", "codecs"}, report.table()
-    assert "lists ['int9']" in failed["codecs"]
+    assert "without ['fp16', 'int8', 'int8z']" in failed["codecs"]
     assert "group must be an integer" in failed["frames_well_formed"]
     assert "after the output frames" in failed["result_follows_frames"]
     assert "trained weights, not trained minus start" in failed["pretrain_reply"]
