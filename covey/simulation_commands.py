@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from device.errors import ConfigError, CoveyError
+from server.simulation.threads import WORKER_KINDS
 
 if TYPE_CHECKING:
     from server.simulation.config import SimulationConfig
@@ -240,7 +241,7 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--worker-kind",
-        choices=["thread", "process"],
+        choices=WORKER_KINDS,
         help="where workers run when there are several: threads of this process (default) or forked processes",
     )
     p.add_argument("--shift", type=float, help="distribution-shift swap probability per round")

@@ -5,7 +5,7 @@ A file looks like::
     [simulation]
     rounds = 300
     seed = 0
-    workers = 2
+    workers = 2              # default: one per core, at most 4
     worker_kind = "thread"   # thread | process: where the workers run
     topology = "examples/topologies/office.toml"   # links (server/simulation/topology.py)
     federated_eval_every = 1  # score every client every N rounds (and after the last; 0: never)

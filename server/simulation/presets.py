@@ -129,7 +129,6 @@ PRESETS: dict[str, Preset] = {
                 "epochs": 1,
                 "batch": 5,
                 "lr": 0.01,
-                "workers": 2,
             },
             strategy_params={
                 "fedgsp": {"growth": "log", "alpha": 2.0, "beta": 2, "kappa": 0.3},

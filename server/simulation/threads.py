@@ -18,10 +18,12 @@ which call, nor on how many threads there are.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from pathlib import Path
 from typing import Any, Literal
 
 WorkerKind = Literal["thread", "process"]  # where a simulation's workers run when there are several
@@ -32,10 +34,26 @@ WORKER_KINDS: tuple[WorkerKind, ...] = ("thread", "process")
 MAX_DEFAULT_WORKERS = 4
 
 
-def default_workers() -> int:
-    """Workers when the user names none: one per core this process may use, at most
-    :data:`MAX_DEFAULT_WORKERS`. Any number gives the same results."""
-    return max(1, min(len(os.sched_getaffinity(0)), MAX_DEFAULT_WORKERS))
+CPU_MAX = Path("/sys/fs/cgroup/cpu.max")  # a container's CPU quota (cgroup v2)
+
+
+def cpu_quota(cpu_max: Path = CPU_MAX) -> int | None:
+    """The cores a cgroup v2 CPU quota allows (``"150000 100000"``: 2), or None without
+    one (``"max ..."``, no such file, or anything unreadable)."""
+    try:
+        quota, period = cpu_max.read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError, ZeroDivisionError):
+        return None
+
+
+def default_workers(cpu_max: Path = CPU_MAX) -> int:
+    """Workers when the user names none: one per core this process may use (its CPU
+    affinity, and a container's CPU quota: ``docker run --cpus 1`` on a 16-core host is
+    one core), at most :data:`MAX_DEFAULT_WORKERS`. Any number gives the same results."""
+    cores = len(os.sched_getaffinity(0))
+    quota = cpu_quota(cpu_max)
+    return max(1, min(cores if quota is None else min(cores, quota), MAX_DEFAULT_WORKERS))
 
 
 class ThreadWorkers:

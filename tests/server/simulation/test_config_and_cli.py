@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-import math
+import os
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 from covey.cli import main
 from device.errors import ConfigError
 from server.simulation.config import SimulationConfig, load_config, parse_assignments
+from server.simulation.threads import cpu_quota, default_workers
 
 
 def test_toml_config_and_overrides(tmp_path) -> None:
@@ -134,7 +136,7 @@ def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> Non
     argv = ["simulate", "--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=12", "--rounds", "5"]
     assert main([*argv, "--federated-eval-every", "2", "--out", str(tmp_path / "flag")]) == 0
     rounds = json.loads((tmp_path / "flag" / "fedavg_synthetic_seed0.json").read_text())["rounds"]
-    scored = [r["round"] for r in rounds if math.isfinite(r["federated_accuracy"] or math.nan)]  # NaN or null: none
+    scored = [r["round"] for r in rounds if r["federated_accuracy"] is not None]  # null: not scored
     assert scored == [2, 4, 5]
     assert (tmp_path / "flag" / "fedavg_synthetic_seed0.png").stat().st_size > 10_000
     config = tmp_path / "every.toml"
@@ -142,7 +144,7 @@ def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> Non
     assert load_config(config).federated_eval_every == 0
 
 
-def _not_json(constant: str) -> None:
+def _not_json(constant: str) -> NoReturn:
     raise AssertionError(f"{constant} is Python's extension, not JSON")
 
 
@@ -264,11 +266,26 @@ def test_the_worker_kind_comes_from_the_flag_and_is_recorded(tmp_path) -> None:
     assert losses["thread"] == losses["process"]
 
 
-def test_by_default_a_simulation_has_a_worker_per_core_up_to_four(tmp_path) -> None:
-    import os
-
+def test_by_default_a_simulation_has_a_worker_per_core_up_to_four(tmp_path: Path) -> None:
     assert main(["simulate", "--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=12", "--rounds", "1",
                  "--out", str(tmp_path)]) == 0  # fmt: skip
 
     workers = json.loads((tmp_path / "fedavg_synthetic_seed0.json").read_text())["settings"]["workers"]
-    assert workers == {"value": min(len(os.sched_getaffinity(0)), 4), "source": "covey default", "detail": ""}
+    cores = min(len(os.sched_getaffinity(0)), cpu_quota() or 1 << 30)
+    assert workers == {"value": min(cores, 4), "source": "covey default", "detail": ""}
+
+
+@pytest.mark.parametrize(
+    ("text", "cores"),
+    [("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", None), ("bogus\n", None), (None, None)],
+)
+def test_a_container_s_cpu_quota_caps_the_default_workers(tmp_path: Path, text: str | None, cores: int | None) -> None:
+    """``docker run --cpus 1.5`` writes "150000 100000" to cpu.max: two cores' worth of
+    workers, however many cores the host has; no quota (or no file) leaves the affinity."""
+    cpu_max = tmp_path / "cpu.max"
+    if text is not None:
+        cpu_max.write_text(text)
+
+    assert cpu_quota(cpu_max) == cores
+    affinity = len(os.sched_getaffinity(0))
+    assert default_workers(cpu_max) == max(1, min(affinity, cores or affinity, 4))
