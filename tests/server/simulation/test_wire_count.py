@@ -48,7 +48,8 @@ def test_the_count_is_kept_per_kind_of_payload_and_equals_the_frames_built() -> 
     """frame_bytes builds the headers once per shape, dtype and codec: payloads that
     differ in values only get the same count, which is that of the frames built, and
     another shape or codec gets its own."""
-    from server.simulation.wire import _BASE
+    from device.protocol import DELTA_CODECS
+    from server.simulation.wire import _frames_size
 
     def built(payload: np.ndarray, codec: str) -> int:
         frames = encode_frames(
@@ -60,7 +61,7 @@ def test_the_count_is_kept_per_kind_of_payload_and_equals_the_frames_built() -> 
             sender="sim-device",
             extra=FrameExtra("sim-task-r1-g0-p0", position=0),
             codec=codec,  # type: ignore[arg-type]
-            base=_BASE if codec.startswith("int") else None,
+            base="0" * 64 if codec in DELTA_CODECS else None,
         )
         return sum(len(f) for f in frames)
 
@@ -69,8 +70,10 @@ def test_the_count_is_kept_per_kind_of_payload_and_equals_the_frames_built() -> 
     shorter = first[:1_000].copy()
     codes = rng.integers(0, 256, 5_000).astype(np.uint8)
 
+    hits = _frames_size.cache_info().hits
     counts = [frame_bytes(first, "raw"), frame_bytes(second, "raw"), frame_bytes(shorter, "raw")]
 
+    assert _frames_size.cache_info().hits >= hits + 1  # the second payload of the same kind: no headers built
     assert counts == [built(first, "raw"), built(second, "raw"), built(shorter, "raw")]
     assert counts[0] == counts[1] > counts[2]
     assert frame_bytes(codes, "int8") == built(codes, "int8") != frame_bytes(codes, "int8z")
