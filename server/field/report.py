@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from server.links import LinkMatrices
-from server.records import json_number
+from server.records import json_number, strict_json_values
 from server.simulation.topology import LinkProfile, Site
 
 ELAPSED_NOTE = "wall seconds of the rounds (after registration and the link measurement before round 1)"
@@ -65,7 +65,7 @@ class FieldReport:
 
     def to_dict(self) -> dict[str, Any]:
         """The report as strict JSON values: NaN (not measured) as ``None``."""
-        out: dict[str, Any] = _nan_as_none(asdict(self))  # type: ignore[assignment]
+        out: dict[str, Any] = strict_json_values(asdict(self))
         return out
 
     @classmethod
@@ -77,16 +77,6 @@ class FieldReport:
         rows: list[dict[str, Any]] = [{k: math.nan if v is None else v for k, v in s.items()} for s in raw["sites"]]
         values["sites"] = [SiteRow(**row) for row in rows]
         return cls(**values)
-
-
-def _nan_as_none(value: object) -> object:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _nan_as_none(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_nan_as_none(v) for v in value]
-    return value
 
 
 def star_matrices(
