@@ -176,7 +176,8 @@ def _frame_parts(
     """The header body (chunk 0), the payload's bytes (a view, little-endian) and the
     chunk count of ``array``'s frames; ``digest`` gives the header's sha256."""
     arr = np.ascontiguousarray(array)
-    dtype = next((name for name, t in DTYPES.items() if arr.dtype == t), None)
+    # by kind and width, whatever the byte order: a big-endian array is swapped below
+    dtype = next((name for name, t in DTYPES.items() if arr.dtype.newbyteorder("=") == t), None)
     if dtype is None:
         raise ProtocolError(f"dtype {arr.dtype} cannot travel in a frame (float32, float16 or uint8)")
     if arr.dtype.byteorder == ">" or (arr.dtype.byteorder == "=" and sys.byteorder == "big"):

@@ -90,6 +90,19 @@ def test_weights_survive_chunked_frames_exactly() -> None:
     assert check_weights(payload, 10_000).dtype == np.float32
 
 
+def test_a_big_endian_array_travels_as_its_little_endian_values() -> None:
+    """Frames are little-endian; a big-endian array is swapped on the way, not refused."""
+    w = np.random.default_rng(1).normal(size=1_000).astype(">f4")
+
+    frames = _frames(w, max_chunk=1_500)
+    r = Reassembler()
+    payload = next(p for p in (r.add(f) for f in frames) if p is not None)
+
+    assert payload.header.dtype == "float32"
+    np.testing.assert_array_equal(payload.array, w)
+    assert payload.array.dtype.byteorder in ("<", "=")
+
+
 def test_fifty_interleaved_chunked_payloads_all_reassemble() -> None:
     # a parallel round: every device uploads at once and the chunks interleave
     models = {f"dev{i:03d}": np.full(5_000, i, np.float32) for i in range(50)}

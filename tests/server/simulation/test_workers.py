@@ -216,3 +216,32 @@ def test_an_interrupt_while_waiting_stops_the_runners_before_map_raises(monkeypa
 
     assert busy == [False, False] and ran <= 2  # idle, after at most the calls in progress
     assert again == [0, 1, 2, 3]
+
+
+def test_an_interrupt_between_two_submits_still_waits_for_the_runner_already_started(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C after the first runner's loop was submitted and before the second: map
+    raises only once that first loop has stopped."""
+    release = threading.Event()
+    runners = [_Gate(release), _Gate(release)]
+    workers = ThreadWorkers(runners)
+    real_submit, submitted = workers.executor.submit, []
+
+    def submit(fn: Any, *args: Any) -> Any:
+        submitted.append(args)
+        if len(submitted) == 2:
+            release.set()
+            raise KeyboardInterrupt
+        return real_submit(fn, *args)
+
+    monkeypatch.setattr(workers.executor, "submit", submit)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            workers.map("step", [(i,) for i in range(6)])
+        busy = [lock.locked() for lock in workers._busy]
+    finally:
+        workers.close()
+
+    assert busy == [False, False]
+    assert len(runners[0].ran) <= 1 and not runners[1].ran  # the started loop stopped after its call
