@@ -24,6 +24,7 @@ models.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -105,9 +106,26 @@ class DownlinkModels:
     def encode(self, device: str, weights: np.ndarray) -> Downlink:
         """``weights`` as they go to ``device``: a delta against its held model if the
         cache has it (``int8`` and ``int4`` runs), the full model otherwise."""
-        base = self.base_of(device) if self.deltas else None
+        self._model_is(weights)
+        return self._encode_current(device, weights)
+
+    def encode_all(self, devices: Sequence[str], weights: np.ndarray) -> Iterator[Downlink]:
+        """:meth:`encode` for each of ``devices`` in turn, with ``weights`` compared with
+        the last model encoded once instead of once per device (a whole-model
+        comparison: 0.3 ms for the FEMNIST MLP, ten of them in every simulated round).
+        Lazily: the caller records each device's :meth:`sent` before the next one is
+        encoded, as with :meth:`encode`, so the cache evicts the same models."""
+        self._model_is(weights)
+        for device in devices:
+            yield self._encode_current(device, weights)
+
+    def _model_is(self, weights: np.ndarray) -> None:
+        """Forget this round's encodings if ``weights`` is not the model they encode."""
         if self._encoded_for is None or not np.array_equal(weights, self._encoded_for):  # a new model
             self._encoded, self._encoded_for = {}, np.array(weights, np.float32, copy=True)
+
+    def _encode_current(self, device: str, weights: np.ndarray) -> Downlink:
+        base = self.base_of(device) if self.deltas else None
         done = self._encoded.get(base)
         if done is not None:  # another device holds the same model: the same payload (no work)
             if base is not None:

@@ -192,12 +192,13 @@ def screen_results(
         return out, [], float("nan")
     groups = {g.group_id: g for g in plan.groups}
     rejections: list[Rejection] = []
-    # parallel members: every member's update against its group's start model
+    # parallel members: every member's update against its group's start model (computed
+    # already where the server received it, MemberResult.norm, or here)
     members = [
-        (i, m.client_id, update_norm(plan.models[groups[r.group_id].start_model], m.weights))
+        (i, m.client_id, m.norm if m.norm is not None else update_norm(plan.models[groups[r.group_id].start_model], w))
         for i, r in enumerate(out)
         for m in r.members
-        if m.weights is not None
+        if (w := m.weights) is not None
     ]
     bad, median = norm_outliers([n for _, _, n in members], config.norm_factor, config.min_updates)
     ratios = [n / median for _, _, n in members] if median > 0 else []

@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -76,12 +77,14 @@ class ThreadWorkers:
         self._stop = threading.Event()  # the running map's: set on an error or an interrupt
         self.executor = ThreadPoolExecutor(len(self.runners), thread_name_prefix="covey-worker")
 
-    def map(self, method: str, calls: Sequence[tuple[Any, ...]], costs: Sequence[float] | None = None) -> list[Any]:
-        """``[runner.method(*c) for c in calls]``, the costliest calls first, each on the
-        next free runner. After an error the runners take no new calls, and the error
-        raised here is the first one any call raised. An interrupt while waiting (Ctrl-C)
-        stops the runners in the same way, and this returns or raises only once every
-        runner is idle again."""
+    def map(
+        self, method: str | Callable[..., Any], calls: Sequence[tuple[Any, ...]], costs: Sequence[float] | None = None
+    ) -> list[Any]:
+        """``[runner.method(*c) for c in calls]`` (or ``method(runner, *c)`` for a
+        function), the costliest calls first, each on the next free runner. After an
+        error the runners take no new calls, and the error raised here is the first one
+        any call raised. An interrupt while waiting (Ctrl-C) stops the runners in the
+        same way, and this returns or raises only once every runner is idle again."""
         if not calls:
             return []
         weights = list(costs) if costs is not None else [1.0] * len(calls)
@@ -94,7 +97,7 @@ class ThreadWorkers:
         def work(index: int) -> None:
             runner = self.runners[index]
             with self._busy[index]:
-                fn = getattr(runner, method)
+                fn = getattr(runner, method) if isinstance(method, str) else partial(method, runner)
                 while not stop.is_set():
                     with lock:
                         i = next(pending, None)

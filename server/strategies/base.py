@@ -120,6 +120,10 @@ class MemberResult:
     n_samples: int
     train_loss: float
     weights: np.ndarray | None = field(default=None, repr=False)  # parallel mode: this member's model
+    # ||weights - the group's start model||_2 (server.screening.update_norm), when the server
+    # computed it as the weights came in (the simulator does, on its worker threads);
+    # None: screening computes it. Never a device's claim.
+    norm: float | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -339,3 +339,39 @@ def test_by_default_the_cache_keeps_as_many_models_as_its_memory_budget_holds() 
         server.sent(f"dev{i}", "t", down.key)
         server.confirm(f"dev{i}", "t")
     assert [server.base_of(f"dev{i}") is not None for i in range(5)] == [False, False, True, True, True]
+
+
+@pytest.mark.parametrize("capacity", [2, None])
+def test_encoding_a_group_s_devices_at_once_sends_what_encoding_them_one_by_one_sends(capacity: int | None) -> None:
+    """``encode_all`` compares the model once for a group, and is otherwise ``encode``
+    per device: the same payloads, bases and keys, and, with a cache too small for
+    every held model, the same evictions (each device is recorded as sent before the
+    next is encoded)."""
+
+    def history(server: DownlinkModels) -> None:  # dev0..dev3 hold three different models
+        for i in range(4):
+            down = server.encode(f"dev{i}", _model(i % 3))
+            server.sent(f"dev{i}", "t0", down.key)
+            server.confirm(f"dev{i}", "t0")
+
+    one, many = (DownlinkModels("fp16", deltas=True, capacity=capacity) for _ in range(2))
+    history(one)
+    history(many)
+    devices = ["dev3", "dev0", "dev1", "new", "dev2"]
+    target = _model(0) + 0.01 * _model(7)
+
+    singly = []
+    for d in devices:
+        down = one.encode(d, target)
+        one.sent(d, "t1", down.key)
+        singly.append(down)
+    together = []
+    for d, down in zip(devices, many.encode_all(devices, target), strict=True):
+        many.sent(d, "t1", down.key)
+        together.append(down)
+
+    assert [(a.payload.tobytes(), a.codec, a.base, a.key) for a in singly] == [
+        (b.payload.tobytes(), b.codec, b.base, b.key) for b in together
+    ]
+    assert any(a.base is not None for a in singly) and any(a.base is None for a in singly)  # deltas and full
+    assert list(one._models) == list(many._models)  # the same models kept, in the same order

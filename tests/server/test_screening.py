@@ -3,6 +3,8 @@ parallel groups, chains and pre-training; counted per device in the round record
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,15 @@ def test_a_model_trained_on_no_samples_is_left_out_instead_of_ending_the_run(nam
     # Assert
     assert record.rejected == {"c0": 1} and record.dropped == {"screened: no samples": 1}
     np.testing.assert_allclose(driver.strategy.global_weights, 0.01, rtol=1e-5)
+
+
+def test_a_norm_the_server_measured_on_receipt_is_the_one_screened() -> None:
+    """``MemberResult.norm`` (the simulator measures it on the worker that trained the
+    member) stands for the update's norm: screening does not compute it again."""
+    plan, results = _parallel({"a": 1.0, "b": 1.1, "c": 0.9, "d": 1.0})
+    measured = [replace(m, norm=100.0 if m.client_id == "d" else None) for m in results[0].members]
+
+    screened, rejections, _ = screen_results(plan, [GroupResult(0, tuple(measured))], ScreeningConfig())
+
+    assert [(r.devices, r.norm) for r in rejections] == [(("d",), 100.0)]
+    assert {m.client_id for m in screened[0].members if m.weights is None} == {"d"}
