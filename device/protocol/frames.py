@@ -17,6 +17,7 @@ import hashlib
 import json
 import logging
 import math
+import re
 import struct
 import sys
 import time
@@ -124,8 +125,11 @@ class FrameHeader:
         return self.nbytes - self.chunk_size * (self.n_chunks - 1)
 
 
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
 def _is_sha256(text: str) -> bool:
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+    return _SHA256_HEX.fullmatch(text) is not None
 
 
 @dataclass(frozen=True)

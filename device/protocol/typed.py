@@ -25,7 +25,7 @@ import enum
 import functools
 import math
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
@@ -65,8 +65,11 @@ class Identifier:
 ID_PATTERN = r"^[^/+# \x00-\x1f\x7f]{1,64}$"
 
 
+_NOT_IN_IDS = frozenset("/+# ")
+
+
 def check_identifier(value: str, what: str) -> str:
-    if not value or len(value) > 64 or any(ch in value for ch in "/+# ") or not value.isprintable():
+    if not value or len(value) > 64 or not _NOT_IN_IDS.isdisjoint(value) or not value.isprintable():
         raise ProtocolError(f"{what} {_short(value)} must be 1-64 printable characters without '/', '+', '#', ' '")
     return value
 
@@ -128,70 +131,128 @@ def _check_constraints(value: Any, extras: tuple[Any, ...], where: str) -> None:
 
 def read_value(tp: Any, raw: Any, where: str) -> Any:
     """Validate ``raw`` against type ``tp`` (a body class, a tagged union of them, or a field type)."""
+    return _reader(tp)(raw, where)
+
+
+Reader = Callable[[Any, str], Any]  # (raw JSON value, where it sits) -> the checked value
+
+
+@functools.cache
+def _reader(tp: Any) -> Reader:
+    """The reader of type ``tp``, built once per type: what to check is decided here,
+    not for every value read (which took a 0.2 MB model frame's header 80 µs to read,
+    more than half of all but its sha256; ``bench/transport.py``, docs/results.md)."""
     base, extras = _split_annotated(tp)
-    value = _read_base(base, raw, where)
-    if value is not None:
-        _check_constraints(value, extras, where)
+    read_base = _base_reader(base)
+    if not extras:
+        return read_base
+
+    def read(raw: Any, where: str) -> Any:
+        value = read_base(raw, where)
+        if value is not None:
+            _check_constraints(value, extras, where)
+        return value
+
+    return read
+
+
+def _read_bool(raw: Any, where: str) -> bool:
+    if not isinstance(raw, bool):
+        raise ProtocolError(f"{where} must be true or false, got {_short(raw)}")
+    return raw
+
+
+def _read_int(raw: Any, where: str) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int):
+        raise ProtocolError(f"{where} must be an integer, got {_short(raw)}")
+    return raw
+
+
+def _read_float(raw: Any, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise ProtocolError(f"{where} must be a finite number, got {_short(raw)}")
+    try:
+        value = float(raw)  # an integer beyond the float range overflows
+    except OverflowError:
+        value = math.inf
+    if not math.isfinite(value):
+        raise ProtocolError(f"{where} must be a finite number, got {_short(raw)}")
     return value
 
 
-def _read_base(tp: Any, raw: Any, where: str) -> Any:
+def _read_str(raw: Any, where: str) -> str:
+    if not isinstance(raw, str):
+        raise ProtocolError(f"{where} must be a string, got {_short(raw)}")
+    return raw
+
+
+def _read_any(raw: Any, where: str) -> Any:
+    return raw
+
+
+def _read_dict(raw: Any, where: str) -> dict[Any, Any]:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
+    return dict(raw)
+
+
+def _base_reader(tp: Any) -> Reader:
+    simple: dict[Any, Reader] = {Any: _read_any, bool: _read_bool, int: _read_int, float: _read_float, str: _read_str}
     if _is_union(tp):
-        options = [a for a in get_args(tp) if a is not type(None)]
-        if raw is None:
-            if len(options) < len(get_args(tp)):
-                return None
-            raise ProtocolError(f"{where} must not be null")
-        if len(options) == 1:
-            return read_value(options[0], raw, where)
-        return _read_tagged(options, raw, where)
-    if tp is Any:
-        return raw
-    if tp is bool:
-        if not isinstance(raw, bool):
-            raise ProtocolError(f"{where} must be true or false, got {_short(raw)}")
-        return raw
-    if tp is int:
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ProtocolError(f"{where} must be an integer, got {_short(raw)}")
-        return raw
-    if tp is float:
-        if isinstance(raw, bool) or not isinstance(raw, (int, float)):
-            raise ProtocolError(f"{where} must be a finite number, got {_short(raw)}")
-        try:
-            value = float(raw)  # an integer beyond the float range overflows
-        except OverflowError:
-            value = math.inf
-        if not math.isfinite(value):
-            raise ProtocolError(f"{where} must be a finite number, got {_short(raw)}")
-        return value
-    if tp is str:
-        if not isinstance(raw, str):
-            raise ProtocolError(f"{where} must be a string, got {_short(raw)}")
-        return raw
+        return _union_reader(tp)
+    if tp in simple:
+        return simple[tp]
     if get_origin(tp) is Literal:
         allowed = get_args(tp)
-        if raw not in allowed or isinstance(raw, bool) != any(isinstance(a, bool) for a in allowed):
-            raise ProtocolError(f"{where} must be one of {list(allowed)}, got {_short(raw)}")
-        return raw
+        has_bool = any(isinstance(a, bool) for a in allowed)
+
+        def read_literal(raw: Any, where: str) -> Any:
+            if raw not in allowed or isinstance(raw, bool) != has_bool:
+                raise ProtocolError(f"{where} must be one of {list(allowed)}, got {_short(raw)}")
+            return raw
+
+        return read_literal
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
-        try:
-            return tp(raw)
-        except ValueError:
-            raise ProtocolError(f"{where} must be one of {[m.value for m in tp]}, got {_short(raw)}") from None
+        kind = tp
+
+        def read_enum(raw: Any, where: str) -> Any:
+            try:
+                return kind(raw)
+            except ValueError:
+                raise ProtocolError(f"{where} must be one of {[m.value for m in kind]}, got {_short(raw)}") from None
+
+        return read_enum
     if get_origin(tp) is tuple:
         item, ellipsis = get_args(tp)
         assert ellipsis is Ellipsis, "only tuple[T, ...] is supported"
-        if not isinstance(raw, list):
-            raise ProtocolError(f"{where} must be a list, got {type(raw).__name__}")
-        return tuple(read_value(item, v, f"{where}[{i}]") for i, v in enumerate(raw))
+        read_item = _reader(item)
+
+        def read_tuple(raw: Any, where: str) -> tuple[Any, ...]:
+            if not isinstance(raw, list):
+                raise ProtocolError(f"{where} must be a list, got {type(raw).__name__}")
+            return tuple(read_item(v, f"{where}[{i}]") for i, v in enumerate(raw))
+
+        return read_tuple
     if get_origin(tp) is dict:
-        if not isinstance(raw, dict):
-            raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
-        return dict(raw)
+        return _read_dict
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return from_body(tp, raw, where)
-    raise TypeError(f"unsupported field type {tp!r} at {where}")  # a bug in a body definition
+        return functools.partial(from_body, tp)
+    raise TypeError(f"unsupported field type {tp!r}")  # a bug in a body definition
+
+
+def _union_reader(tp: Any) -> Reader:
+    options = [a for a in get_args(tp) if a is not type(None)]
+    nullable = len(options) < len(get_args(tp))
+    read_one = _reader(options[0]) if len(options) == 1 else functools.partial(_read_tagged, options)
+
+    def read_union(raw: Any, where: str) -> Any:
+        if raw is None:
+            if nullable:
+                return None
+            raise ProtocolError(f"{where} must not be null")
+        return read_one(raw, where)
+
+    return read_union
 
 
 def _read_tagged(options: list[Any], raw: Any, where: str) -> Any:
@@ -210,6 +271,20 @@ def _read_tagged(options: list[Any], raw: Any, where: str) -> Any:
     return from_body(chosen[1], raw, where)
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, bool, Reader], ...]:
+    """``cls``'s fields as (name, required, reader), once per class."""
+    hints = _hints(cls)
+    return tuple(
+        (
+            f.name,
+            f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
+            _reader(hints[f.name]),
+        )
+        for f in dataclasses.fields(cls)
+    )
+
+
 def from_body(cls: type[T], raw: Any, where: str = "body") -> T:
     """Validate ``raw`` (parsed JSON) against body class ``cls`` and build it.
 
@@ -218,15 +293,13 @@ def from_body(cls: type[T], raw: Any, where: str = "body") -> T:
     """
     if not isinstance(raw, Mapping):
         raise ProtocolError(f"{where} must be a JSON object, got {type(raw).__name__}")
-    hints = _hints(cls)  # type: ignore[arg-type]  # a class is hashable; mypy sees a TypeVar
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        name = f"{where}.{f.name}"
-        if f.name not in raw:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError(f"{name} is missing")
+    for name, required, read in _fields(cls):  # type: ignore[arg-type]  # a class is hashable; mypy sees a TypeVar
+        if name not in raw:
+            if required:
+                raise ProtocolError(f"{where}.{name} is missing")
             continue
-        values[f.name] = read_value(hints[f.name], raw[f.name], name)
+        values[name] = read(raw[name], f"{where}.{name}")
     try:
         return cls(**values)
     except (ValueError, TypeError, ArithmeticError) as exc:  # a body's own cross-field check
@@ -236,7 +309,17 @@ def from_body(cls: type[T], raw: Any, where: str = "body") -> T:
 # -- writing -------------------------------------------------------------------------------
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})  # written as they are (exact types: not enums)
+
+
 def _write(value: Any) -> Any:
+    kind = type(value)
+    if kind in _PLAIN:
+        return value
+    if kind is float:
+        if not math.isfinite(value):
+            raise ProtocolError(f"cannot send the non-finite number {value!r}")
+        return value
     if isinstance(value, enum.Enum):
         return value.value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
@@ -250,7 +333,12 @@ def _write(value: Any) -> Any:
 
 def to_body(obj: Any) -> dict[str, Any]:
     """The JSON object of a body (every field, ``None`` as ``null``)."""
-    return {f.name: _write(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return {name: _write(getattr(obj, name)) for name in _field_names(type(obj))}  # type: ignore[arg-type]  # a class is hashable
+
+
+@functools.cache
+def _field_names(cls: type) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 # -- JSON Schema ----------------------------------------------------------------------------
