@@ -42,7 +42,8 @@ def weighted_average(models: Sequence[np.ndarray], weights: Sequence[float] | No
         a, p = acc[: stop - start], product[: stop - start]
         a.fill(0.0)
         for flat, wi in used:
-            np.multiply(flat[start:stop], wi, out=p)
-            a += p
+            np.copyto(p, flat[start:stop])  # float32 -> float64 exactly, then the product in place:
+            p *= wi  # the same values as np.multiply(flat, wi, out=p), whose mixed-type loop
+            a += p  # casts through a buffer (10 MLP models: 3.7 -> 3.1 ms)
         np.divide(a, total, out=out[start:stop], casting="same_kind")
     return out.reshape(shape)

@@ -326,3 +326,21 @@ def test_data_that_does_not_fit_the_model_is_refused(zoo_model) -> None:
         model.evaluate(np.zeros((0, 784), np.float32), np.zeros(0, int))
 
     np.testing.assert_array_equal(model.get_weights(), before)
+
+
+@pytest.mark.parametrize(
+    ("value", "finite"), [(np.nan, False), (np.inf, False), (-np.inf, False), (3e38, True), (-3e38, True), (0.0, True)]
+)
+def test_one_non_finite_value_anywhere_makes_an_array_non_finite_and_large_finite_ones_do_not(
+    value: float, finite: bool
+) -> None:
+    """The check every weight vector and data set passes (``_all_finite``): one value
+    decides it wherever it sits, and values whose sum would overflow float32 are
+    still finite."""
+    from device.runtime import _all_finite
+
+    for where in (0, 4_999, 9_999):
+        arr = np.full(10_000, np.float32(3e38))
+        arr[where] = np.float32(value)
+        assert _all_finite(arr) is finite
+    assert _all_finite(np.zeros(0, np.float32))
