@@ -194,12 +194,12 @@ def screen_results(
     rejections: list[Rejection] = []
     # parallel members: every member's update against its group's start model (computed
     # already where the server received it, MemberResult.norm, or here)
-    members = [
-        (i, m.client_id, m.norm if m.norm is not None else update_norm(plan.models[groups[r.group_id].start_model], w))
-        for i, r in enumerate(out)
-        for m in r.members
-        if (w := m.weights) is not None
-    ]
+    members: list[tuple[int, str, float]] = []
+    for i, r in enumerate(out):
+        start = plan.models[groups[r.group_id].start_model]
+        for m in r.members:
+            if m.weights is not None:
+                members.append((i, m.client_id, m.norm if m.norm is not None else update_norm(start, m.weights)))
     bad, median = norm_outliers([n for _, _, n in members], config.norm_factor, config.min_updates)
     ratios = [n / median for _, _, n in members] if median > 0 else []
     refused: dict[int, set[str]] = {}

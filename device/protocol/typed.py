@@ -137,11 +137,28 @@ def read_value(tp: Any, raw: Any, where: str) -> Any:
 Reader = Callable[[Any, str], Any]  # (raw JSON value, where it sits) -> the checked value
 
 
-@functools.cache
 def _reader(tp: Any) -> Reader:
-    """The reader of type ``tp``, built once per type: what to check is decided here,
-    not for every value read (which took a 0.2 MB model frame's header 80 µs to read,
-    more than half of all but its sha256; ``bench/transport.py``, docs/results.md)."""
+    """The reader of type ``tp``, built once per type: what to check is decided there,
+    not for every value read (reading a 0.2 MB model frame took 80 µs besides its
+    sha256, 48 µs since; docs/results.md, "Transport").
+
+    Cached by the type and its arguments in order: ``Literal["a", "b"]`` and
+    ``Literal["b", "a"]`` are equal types, but their error messages list the values
+    in their own order. A type whose metadata cannot be hashed is built each time."""
+    key = (tp, get_args(tp))
+    try:
+        hash(key)
+    except TypeError:
+        return _build_reader(tp)
+    return _cached_reader(key)
+
+
+@functools.cache
+def _cached_reader(key: tuple[Any, tuple[Any, ...]]) -> Reader:
+    return _build_reader(key[0])
+
+
+def _build_reader(tp: Any) -> Reader:
     base, extras = _split_annotated(tp)
     read_base = _base_reader(base)
     if not extras:
@@ -255,14 +272,21 @@ def _union_reader(tp: Any) -> Reader:
     return read_union
 
 
-def _read_tagged(options: list[Any], raw: Any, where: str) -> Any:
-    if not isinstance(raw, dict):
-        raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
+@functools.cache
+def _tags(options: tuple[Any, ...]) -> dict[Any, tuple[str, Any]]:
+    """A tagged union's members by their tag value: (tag field, class)."""
     tags = {}
     for cls in options:
         tag = _tag_of(cls)
         assert tag is not None, f"union member {cls.__name__} has no Literal tag field"
         tags[tag[1]] = (tag[0], cls)
+    return tags
+
+
+def _read_tagged(options: list[Any], raw: Any, where: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ProtocolError(f"{where} must be an object, got {type(raw).__name__}")
+    tags = _tags(tuple(options))
     field_name = next(iter(tags.values()))[0]
     value = raw.get(field_name)
     chosen = tags.get(value) if isinstance(value, str) else None  # tags are strings; a list is unhashable
@@ -279,10 +303,25 @@ def _fields(cls: type) -> tuple[tuple[str, bool, Reader], ...]:
         (
             f.name,
             f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING,
-            _reader(hints[f.name]),
+            _field_reader(cls, f.name, hints[f.name]),
         )
         for f in dataclasses.fields(cls)
     )
+
+
+def _field_reader(cls: type, name: str, tp: Any) -> Reader:
+    """The reader of field ``name``; a type no reader supports (a bug in a body
+    definition) fails when such a field is read, naming it, as it did before readers
+    were built ahead (an absent optional field of that type is never read)."""
+    try:
+        return _reader(tp)
+    except TypeError as exc:
+        why = f"{cls.__name__}.{name}: {exc}"
+
+        def unsupported(raw: Any, where: str) -> Any:
+            raise TypeError(f"{why} (at {where})")
+
+        return unsupported
 
 
 def from_body(cls: type[T], raw: Any, where: str = "body") -> T:

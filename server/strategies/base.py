@@ -122,7 +122,8 @@ class MemberResult:
     weights: np.ndarray | None = field(default=None, repr=False)  # parallel mode: this member's model
     # ||weights - the group's start model||_2 (server.screening.update_norm), when the server
     # computed it as the weights came in (the simulator does, on its worker threads);
-    # None: screening computes it. Never a device's claim.
+    # None: screening computes it. Never a device's claim. Code that replaces `weights`
+    # with other values must clear it (screening trusts it).
     norm: float | None = field(default=None, repr=False)
 
 

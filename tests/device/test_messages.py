@@ -144,3 +144,29 @@ def test_frame_headers_validate_against_the_schema(validator) -> None:
         )
         (n,) = struct.unpack("<I", frame[4:8])
         check.validate(json.loads(frame[8 : 8 + n]))
+
+
+def test_readers_built_ahead_behave_as_reading_each_value_did() -> None:
+    """Readers are built once per type (device/protocol/typed.py). Equal types that
+    list their values in another order keep their own order in errors; an Annotated
+    type with unhashable metadata is still read; a field of a type no reader supports
+    fails only when it is present, naming the field."""
+    from dataclasses import dataclass
+    from typing import Annotated, Literal
+
+    from device.protocol.typed import from_body, read_value
+
+    with pytest.raises(ProtocolError, match=r"one of \['a', 'b'\]"):
+        read_value(Literal["a", "b"], "c", "x")
+    with pytest.raises(ProtocolError, match=r"one of \['b', 'a'\]"):
+        read_value(Literal["b", "a"], "c", "x")
+    assert read_value(Annotated[int, {"unhashable": True}], 3, "x") == 3
+
+    @dataclass(frozen=True)
+    class WithUnsupported:
+        n: int
+        extra: list[int] | None = None  # no reader supports a list type
+
+    assert from_body(WithUnsupported, {"n": 1}) == WithUnsupported(1)
+    with pytest.raises(TypeError, match=r"WithUnsupported\.extra"):
+        from_body(WithUnsupported, {"n": 1, "extra": [1]})
