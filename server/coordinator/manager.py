@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -169,6 +170,11 @@ class GroupManager:
         broadcast: it held a model the server knows when the round started (a delta)."""
         return member.device in self.delta_members
 
+    def _start_unchanged(self) -> AbstractContextManager[None]:
+        """While the start model goes to every member: the downlink cache compares it
+        with its last model once (``DownlinkModels.unchanged``), not once per member."""
+        return self.downlinks.unchanged(self.start_weights) if self.downlinks is not None else nullcontext()
+
     def _send_request(self, member: _Member, index: int) -> None:
         direct = self.plan.mode == "chain" and self.handoff == "direct"
         predecessor = self.members[index - 1].device if direct and index > 0 else SERVER_ID
@@ -243,11 +249,13 @@ class GroupManager:
         if self.plan.mode == "chain":
             self._send_model(self.start_weights, self.members[0], 0)
         else:
-            for i, m in enumerate(self.members):
-                if not broadcast or self._own_frame(m):
-                    self._send_model(self.start_weights, m, i)
-                elif self.downlinks is not None:  # the device will hold the broadcast model
-                    self.downlinks.sent(m.device, m.task_id, self.downlinks.encode(m.device, self.start_weights).key)
+            with self._start_unchanged():
+                for i, m in enumerate(self.members):
+                    if not broadcast or self._own_frame(m):
+                        self._send_model(self.start_weights, m, i)
+                    elif self.downlinks is not None:  # the device will hold the broadcast model
+                        down = self.downlinks.encode(m.device, self.start_weights)
+                        self.downlinks.sent(m.device, m.task_id, down.key)
         self.deadline = now + self.deadline_s
 
     def resend_outstanding(self, now: float) -> None:
@@ -261,9 +269,10 @@ class GroupManager:
             if not (m.reported or m.skipped):
                 self._send_request(m, i)
         if self.plan.mode == "parallel":
-            for i, m in enumerate(self.members):
-                if (self.shared_key is None or self._own_frame(m)) and m.weights is None and not m.skipped:
-                    self._send_model(self.start_weights, m, i)
+            with self._start_unchanged():
+                for i, m in enumerate(self.members):
+                    if (self.shared_key is None or self._own_frame(m)) and m.weights is None and not m.skipped:
+                        self._send_model(self.start_weights, m, i)
         elif self.current < len(self.members):
             nxt = self.members[self.current]
             if self.handoff == "direct" and self.last_good_index >= 0:

@@ -375,3 +375,24 @@ def test_encoding_a_group_s_devices_at_once_sends_what_encoding_them_one_by_one_
     ]
     assert any(a.base is not None for a in singly) and any(a.base is None for a in singly)  # deltas and full
     assert list(one._models) == list(many._models)  # the same models kept, in the same order
+
+
+def test_a_model_encoded_while_a_group_s_model_goes_out_does_not_take_its_place() -> None:
+    """``encode_all`` (and ``unchanged``) skip the comparison with the last model; when
+    another model is encoded in between, the group's next device still gets the
+    group's model, not the other one."""
+    server = DownlinkModels("fp16", deltas=False)
+    group, other = _model(1), _model(2)
+    devices = server.encode_all(["a", "b"], group)
+
+    first = next(devices)
+    intruder = server.encode("x", other)
+    second = next(devices)
+
+    assert np.array_equal(first.received, group.astype(np.float16).astype(np.float32))
+    assert np.array_equal(intruder.received, other.astype(np.float16).astype(np.float32))
+    assert second.key == first.key and np.array_equal(second.received, first.received)
+    with server.unchanged(group):
+        assert server.encode("c", group).key == first.key
+        assert server.encode("y", other).key == intruder.key
+        assert server.encode("d", group).key == first.key
