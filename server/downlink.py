@@ -5,8 +5,9 @@ trained from, which it holds anyway; ``device/waiting.py``), by the sha256 of th
 payload it came in. The server remembers what it sent each device and, once the device
 has answered that task, that the device holds it; the next start model then goes as a
 delta against it (``device/protocol/codecs.py``: ``int8``, ``base`` = that sha256) — the
-full model in the run's downlink codec otherwise (a device seen for the first time, or
-whose model fell out of the cache).
+whole model otherwise (a device seen for the first time, or whose model fell out of the
+cache): as ``q8`` (8-bit blocks, about half of fp16's bytes) to a device that listed
+``q8`` when it registered, in the run's downlink codec (fp16) to one that did not.
 
 The delta is against the model *as the device decoded it*, so the downlink error does
 not accumulate from round to round: each round's received model is within one
@@ -24,7 +25,7 @@ models.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -57,6 +58,10 @@ class DownlinkModels:
     ----------
     full : the codec of a full model (the run's downlink codec, ``fp16`` for ``int8`` and ``int4``).
     deltas : send deltas at all (``int8`` and ``int4`` runs); otherwise every model goes full.
+    first : the codec of a full model to a device that decodes it (``q8`` in ``int8``
+        and ``int4`` runs, :func:`~device.protocol.codecs.first_codec`); None: ``full``.
+    decodes : ``decodes(device, codec)``: whether ``device`` listed ``codec`` when it
+        registered; default: every device decodes every codec (the simulator's).
     bits : the deltas' width, 8 (``int8`` runs) or 4 (``int4``).
     capacity : models kept in the cache (at least 1); default: as many as fit in
         ``budget_bytes``. Over it, models no device holds or is being sent go first, then
@@ -72,17 +77,21 @@ class DownlinkModels:
         bits: Bits = 8,
         capacity: int | None = None,
         budget_bytes: int = DEFAULT_BUDGET_BYTES,
+        first: FrameCodec | None = None,
+        decodes: Callable[[str, str], bool] | None = None,
     ) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
         self.full, self.deltas, self.capacity, self.budget_bytes = full, deltas, capacity, budget_bytes
+        self.first = first
+        self.decodes = decodes
         self.bits = bits
         self._models: OrderedDict[str, np.ndarray] = OrderedDict()
         self._held: dict[str, str] = {}  # device -> key it confirmed holding
         self._sent: dict[str, tuple[str, str]] = {}  # device -> (task id, key) sent, not yet confirmed
-        # this round's encodings by base (None: the full model), for the weights they encode:
-        # devices that hold the same model get the same payload, quantised and deflated once
-        self._encoded: dict[str | None, Downlink] = {}
+        # this round's encodings by base (None: the full model) and codec, for the weights they
+        # encode: devices that hold the same model get the same payload, quantised and deflated once
+        self._encoded: dict[tuple[str | None, FrameCodec | None], Downlink] = {}
         self._encoded_for: np.ndarray | None = None
         self._unchanged: np.ndarray | None = None  # weights known equal to _encoded_for (unchanged())
 
@@ -105,12 +114,13 @@ class DownlinkModels:
         key = self._held.get(device)
         return key if key is not None and key in self._models else None
 
-    def encode(self, device: str, weights: np.ndarray) -> Downlink:
+    def encode(self, device: str, weights: np.ndarray, full: FrameCodec | None = None) -> Downlink:
         """``weights`` as they go to ``device``: a delta against its held model if the
-        cache has it (``int8`` and ``int4`` runs), the full model otherwise."""
+        cache has it (``int8`` and ``int4`` runs), the full model otherwise, in ``full``
+        if given (a broadcast's codec), else in :meth:`full_codec`."""
         if weights is not self._unchanged:
             self._model_is(weights)
-        return self._encode_current(device, weights)
+        return self._encode_current(device, weights, full)
 
     @contextmanager
     def unchanged(self, weights: np.ndarray) -> Iterator[None]:
@@ -139,9 +149,17 @@ class DownlinkModels:
             self._encoded, self._encoded_for = {}, np.array(weights, np.float32, copy=True)
             self._unchanged = None  # another model came in: an unchanged() caller compares again
 
-    def _encode_current(self, device: str, weights: np.ndarray) -> Downlink:
+    def full_codec(self, device: str) -> FrameCodec:
+        """How a full model goes to ``device``: :attr:`first` if it decodes that, else :attr:`full`."""
+        first = self.first
+        if first is None or (self.decodes is not None and not self.decodes(device, first)):
+            return self.full
+        return first
+
+    def _encode_current(self, device: str, weights: np.ndarray, codec: FrameCodec | None = None) -> Downlink:
         base = self.base_of(device) if self.deltas else None
-        done = self._encoded.get(base)
+        full = (codec or self.full_codec(device)) if base is None else None  # a delta's: the smaller packing
+        done = self._encoded.get((base, full))
         if done is not None:  # another device holds the same model: the same payload (no work)
             if base is not None:
                 self._models.move_to_end(base)
@@ -155,11 +173,12 @@ class DownlinkModels:
             received = decode(payload, codec, held)
             down = Downlink(payload, codec, base, payload_key(payload), received)
         else:
-            payload = encode_float(weights, self.full)
-            down = Downlink(payload, self.full, None, payload_key(payload), decode(payload, self.full))
+            assert full is not None
+            payload = encode_float(weights, full)
+            down = Downlink(payload, full, None, payload_key(payload), decode(payload, full))
         if self.deltas:
             self._keep(down.key, down.received)
-        self._encoded[base] = down
+        self._encoded[base, full] = down
         return down
 
     def sent(self, device: str, task_id: str, key: str) -> None:

@@ -49,8 +49,18 @@ receiver reconstructs):
   deflates only about 1.2x, so int8 is about 5x fewer bytes than float32, and a relayed chain
   hand-off crosses the wire twice (member to manager, manager to successor): int8
   FedGSP on the CNN moved 2.6x fewer bytes than fp32. int4 halves each delta's codes
-  (not the full fp16 models a device gets the first time); measured in
+  (not the full models a device gets the first time); measured in
   ``docs/results.md``.
+* ``q8``: a *whole model* in ``int8``'s layout (per block of :data:`BLOCK`, ``lo =
+  min x_b``, ``s = (max x_b - lo) / 255``, the codes), without a base: ``|x̂ - x| <=
+  s / 2 + 2**-22 * max|x_b|``. In ``int8`` and ``int4`` runs a device that holds no
+  model the server knows (its first start model, or after the server's cache let its
+  model go) gets the start model this way if it lists ``q8`` in its ``register``,
+  and as ``fp16`` otherwise (:func:`first_codec`). About 1.03 bytes per weight
+  against fp16's 2. The quantisation error does not reach the aggregate: the
+  device's upload is a delta against the model it decoded, which the server adds to
+  its float32 original, and its next start model is a delta against what it decoded.
+  It only moves the point that device's first training starts from.
 
 Error feedback (Seide et al., "1-bit stochastic gradient descent", Interspeech 2014;
 Karimireddy et al., "Error feedback fixes SignSGD", ICML 2019, Alg. 2): the sender
@@ -69,8 +79,8 @@ import numpy as np
 
 from device.errors import ProtocolError
 
-FrameCodec = Literal["raw", "fp16", "int8", "int8z", "int4", "int4z"]
-FRAME_CODECS: tuple[str, ...] = ("raw", "fp16", "int8", "int8z", "int4", "int4z")
+FrameCodec = Literal["raw", "fp16", "int8", "int8z", "int4", "int4z", "q8"]
+FRAME_CODECS: tuple[str, ...] = ("raw", "fp16", "int8", "int8z", "int4", "int4z", "q8")
 DELTA_CODECS: tuple[str, ...] = ("int8", "int8z", "int4", "int4z")  # payloads against a base the receiver holds
 WireCodec = Literal["fp32", "fp16", "int8", "int4"]
 WIRE_CODECS: tuple[str, ...] = ("fp32", "fp16", "int8", "int4")
@@ -99,6 +109,13 @@ def downlink_codec(wire: WireCodec) -> FrameCodec:
     return "raw" if wire == "fp32" else "fp16"
 
 
+def first_codec(wire: WireCodec) -> FrameCodec:
+    """How the server sends a whole start model, in a run with codec ``wire``, to a
+    device that holds no model it knows and decodes ``q8``: ``q8`` in ``int8`` and
+    ``int4`` runs (the next delta corrects its error), else :func:`downlink_codec`."""
+    return "q8" if wire in DELTA_WIRE_CODECS else downlink_codec(wire)
+
+
 def upload_codec(wire: WireCodec) -> FrameCodec:
     """How a device sends its trained model (to the manager or, in a chain, its
     successor) in a run with codec ``wire``."""
@@ -116,15 +133,16 @@ def payload_key(encoded: np.ndarray) -> str:
 
 # -- float codecs ------------------------------------------------------------------------------
 def encode_float(weights: np.ndarray, codec: FrameCodec) -> np.ndarray:
-    """Full weights as ``raw`` (float32) or ``fp16`` (float16) payload.
+    """Full weights as ``raw`` (float32), ``fp16`` (float16) or ``q8`` (8-bit blocks) payload.
 
-    Non-finite weights are encoded as they are (float16 turns values beyond 65504
-    into infinities): the receiver refuses them, naming the reason.
+    Non-finite weights are encoded as they are in ``raw`` and ``fp16`` (float16 turns
+    values beyond 65504 into infinities): the receiver refuses them, naming the reason.
 
     Raises
     ------
     ValueError
-        For a delta codec: a delta needs a base (:class:`ErrorFeedback`).
+        For a delta codec: a delta needs a base (:class:`ErrorFeedback`); for ``q8``
+        of non-finite weights, which 8-bit blocks cannot hold.
     """
     x = np.asarray(weights, np.float32).reshape(-1)
     if codec == "raw":
@@ -132,6 +150,8 @@ def encode_float(weights: np.ndarray, codec: FrameCodec) -> np.ndarray:
     if codec == "fp16":
         with np.errstate(over="ignore"):
             return x.astype(np.float16)
+    if codec == "q8":
+        return quantise(x, 8)
     raise ValueError(f"{codec!r} is not a full-model codec")
 
 
@@ -234,7 +254,7 @@ def unpack(packed: np.ndarray, n: int, *, bits: Bits) -> np.ndarray:
     return np.concatenate([packed[: 8 * nb], np.frombuffer(codes, np.uint8)])
 
 
-def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8) -> np.ndarray:
+def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8, name: str | None = None) -> np.ndarray:
     """The float32 delta an ``int8`` (``bits`` 8) or ``int4`` (4) payload holds.
 
     Parameters
@@ -243,6 +263,7 @@ def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8) -> np.
     n : the number of values; by default as many as the codes hold (an ``int4``
         payload of an odd count holds one code more, which ``n`` drops).
     bits : 8 or 4.
+    name : the codec named in errors (default ``int8`` or ``int4``).
 
     Raises
     ------
@@ -251,7 +272,7 @@ def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8) -> np.
         negative or not finite (a corrupt payload).
     """
     raw = np.asarray(payload)
-    name = f"int{bits}"
+    name = name or f"int{bits}"
     if raw.dtype != np.uint8 or raw.ndim != 1:
         raise ProtocolError(f"an {name} payload is a 1-D uint8 array, got {raw.dtype} {raw.shape}")
     total = raw.size
@@ -334,11 +355,15 @@ def decode(encoded: np.ndarray, codec: str, base: np.ndarray | None = None) -> n
         delta without its base or of another length, or a corrupt payload.
     """
     arr = np.asarray(encoded).reshape(-1)
-    expected = {"raw": np.float32, "fp16": np.float16}.get(codec, np.uint8 if codec in DELTA_CODECS else None)
+    expected = {"raw": np.float32, "fp16": np.float16, "q8": np.uint8}.get(
+        codec, np.uint8 if codec in DELTA_CODECS else None
+    )
     if expected is None:
         raise ProtocolError(f"unknown codec {codec!r} (this receiver decodes {', '.join(FRAME_CODECS)})")
     if arr.dtype != expected:
         raise ProtocolError(f"a {codec} model payload must be {np.dtype(expected).name}, got {arr.dtype}")
+    if codec == "q8":
+        return dequantise(arr, None, 8, name="q8")
     if codec not in DELTA_CODECS:
         return arr.astype(np.float32, copy=False)
     if base is None:

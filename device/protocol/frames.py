@@ -41,7 +41,9 @@ FrameKind = Literal["model", "update", "artifact", "handoff", "result", "probe",
 FRAME_KINDS: tuple[str, ...] = ("model", "update", "artifact", "handoff", "result", "probe", "echo")
 Dtype = Literal["float32", "float16", "uint8"]
 DTYPES = {"float32": np.float32, "float16": np.float16, "uint8": np.uint8}
-_CODEC_DTYPES = {"raw": ("float32", "uint8"), "fp16": ("float16",)} | {c: ("uint8",) for c in DELTA_CODECS}
+_CODEC_DTYPES = {"raw": ("float32", "uint8"), "fp16": ("float16",), "q8": ("uint8",)} | {
+    c: ("uint8",) for c in DELTA_CODECS
+}
 
 
 @dataclass(frozen=True)

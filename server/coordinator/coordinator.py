@@ -57,6 +57,7 @@ from device.protocol import (
     check_weights,
     decode_message,
     downlink_codec,
+    first_codec,
     send_model,
     wire_bits,
 )
@@ -151,7 +152,17 @@ class Coordinator(Persistence):
         self.bases: dict[str, np.ndarray] = {}  # this round's start models, by the sha256 of their payload
         # int8 and int4 runs: what each device holds, for downlink deltas (server/downlink.py)
         bits = wire_bits(config.codec)
-        self.downlinks = None if bits is None else DownlinkModels(downlink_codec(config.codec), deltas=True, bits=bits)
+        self.downlinks = (
+            None
+            if bits is None
+            else DownlinkModels(
+                downlink_codec(config.codec),
+                deltas=True,
+                bits=bits,
+                first=first_codec(config.codec),
+                decodes=self._decodes,
+            )
+        )
         self._frames = Reassembler(
             max_bytes=model_bytes,
             max_pending_bytes=config.max_pending_mb * 2**20,
@@ -339,6 +350,11 @@ class Coordinator(Persistence):
             self._on_result(device, msg)
         else:
             raise ProtocolError(f"{msg.type!r} is not a result")
+
+    def _decodes(self, device: str, codec: str) -> bool:
+        """Whether ``device`` listed ``codec`` when it registered."""
+        record = self.registry.devices.get(device)
+        return record is not None and codec in record.codecs
 
     def _on_register(self, device: str, body: Register) -> None:
         needs = {"int4", "int4z"} if self.cfg.codec == "int4" else set()  # every version-2 agent knows the rest

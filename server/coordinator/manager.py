@@ -135,6 +135,7 @@ class GroupManager:
         self.delta_members: frozenset[str] = frozenset()
         self.shared = shared
         self.shared_key: str | None = None
+        self.broadcast_codec: FrameCodec = self.downlink  # set at start()
         self.members = [
             _Member(d, f"{task_prefix}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)
         ]
@@ -233,16 +234,25 @@ class GroupManager:
             self.delta_members = frozenset(m.device for m in self.members if self.downlinks.base_of(m.device))
         full = [m for m in self.members if not self._own_frame(m)]
         broadcast = self.plan.mode == "parallel" and self.shared is not None and len(full) > 1
+        # the broadcast's codec: the one every member it goes to decodes (q8 in int8 and int4
+        # runs when all of them list it; server/downlink.py), else the run's downlink codec
+        codecs = {self.downlinks.full_codec(m.device) for m in full} if self.downlinks is not None else set()
+        self.broadcast_codec = codecs.pop() if len(codecs) == 1 else self.downlink
         if broadcast:
             assert self.shared is not None
+            payload = self.start_payload
+            if self.broadcast_codec != self.downlink and self.downlinks is not None:
+                payload = self.downlinks.encode(full[0].device, self.start_weights, self.broadcast_codec).payload
+                if self.bases is not None:  # the members' uploads are deltas against it
+                    self.bases[payload_key(payload)] = self.start_weights
             # published before the requests, retained: a member that subscribes on its
             # request is sure to find it
             self.shared_key = self.shared.publish(
-                self.start_payload,
+                payload,
                 round_=self.round,
                 group=self.plan.group_id,
                 label=f"g{self.plan.group_id}",
-                codec=self.downlink,
+                codec=self.broadcast_codec,
             )
         for i, m in enumerate(self.members):
             self._send_request(m, i)
@@ -254,7 +264,7 @@ class GroupManager:
                     if not broadcast or self._own_frame(m):
                         self._send_model(self.start_weights, m, i)
                     elif self.downlinks is not None:  # the device will hold the broadcast model
-                        down = self.downlinks.encode(m.device, self.start_weights)
+                        down = self.downlinks.encode(m.device, self.start_weights, self.broadcast_codec)
                         self.downlinks.sent(m.device, m.task_id, down.key)
         self.deadline = now + self.deadline_s
 

@@ -34,6 +34,7 @@ class DeviceRecord:
     last_seen: float = 0.0
     direct: bool = True
     online: bool = True
+    codecs: tuple[str, ...] = ()  # the frame codecs its register listed (none: an agent from before codecs)
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,9 @@ class Registry:
 
     def _record(self, device: str, body: Register) -> ClientInfo:
         info = ClientInfo(device, body.n_samples, np.asarray(body.class_counts, np.float64), body.n_test)
-        self.devices[device] = DeviceRecord(info, body.runtime, direct=body.direct, last_seen=time.monotonic())
+        self.devices[device] = DeviceRecord(
+            info, body.runtime, direct=body.direct, last_seen=time.monotonic(), codecs=tuple(body.codecs or ())
+        )
         return info
 
     def pings_due(self) -> list[tuple[str, float]]:

@@ -13,7 +13,8 @@ is the driver and this backend together.
 Models move as they would over MQTT in the run's ``codec`` (``device/protocol/codecs.py``,
 the same choice the coordinator's group managers make): start models in the downlink
 codec (``int8``, ``int4``: a delta against the model the device holds when the server
-knows it, ``server/downlink.py``, with the same bookkeeping as the coordinator), parallel
+knows it, else the whole model as ``q8``, which every virtual device decodes;
+``server/downlink.py``, with the same bookkeeping as the coordinator), parallel
 outputs in the upload codec (``int8``, ``int4``: a delta against the start model as
 received, with each device's error feedback, added to the float32 start model), chain
 hand-offs in the downlink codec, except in delta runs, where they are relayed through the manager as
@@ -46,6 +47,7 @@ from device.protocol import (
     decode,
     downlink_codec,
     encode_output,
+    first_codec,
     upload_codec,
     wire_bits,
 )
@@ -137,7 +139,9 @@ class VirtualDevices:
         self.measure_norms = measure_norms
         self.feedback: dict[str, ErrorFeedback] = {}  # each device's delta residual, as a board keeps it
         bits = wire_bits(codec)  # what each device holds, for downlink deltas
-        self.downlinks = DownlinkModels(downlink_codec(codec), deltas=bits is not None, bits=bits or 8)
+        self.downlinks = DownlinkModels(
+            downlink_codec(codec), deltas=bits is not None, bits=bits or 8, first=first_codec(codec)
+        )
         self._wire = {"down": 0, "up": 0}
         self.federation = federation
         self.ids = sorted(federation)

@@ -52,6 +52,26 @@ def test_fp16_round_trip_within_its_relative_bound() -> None:
     assert np.all(np.abs(back - w) <= bound)
 
 
+def test_q8_carries_a_whole_model_in_half_of_fp16_within_half_a_step_per_block() -> None:
+    """``q8``: the whole model in int8's layout, no base; its frame names no base, and a
+    corrupt or mis-sized payload is refused naming ``q8``."""
+    n = 1_100
+    w = (_weights(n) * np.repeat(np.array([1.0, 0.01, 10.0, 0.0, 0.5]), BLOCK)[:n]).astype(np.float32)
+    payload = encode_float(w, "q8")
+    back = decode(payload, "q8")
+    assert payload.dtype == np.uint8 and payload.size == delta_length(n, 8) < encode_float(w, "fp16").nbytes * 0.52
+    assert back.size == n and np.all(np.abs(back - w) <= _int8_bound(w, 8))
+    frames = list(encode_frames(payload, kind="model", run="r", round=1, group=0, sender="server",
+                                extra=FrameExtra("t"), codec="q8"))  # fmt: skip
+    (got,) = [p for p in (Reassembler().add(f) for f in frames) if p is not None]
+    assert got.header.codec == "q8" and got.header.base is None
+    assert np.array_equal(check_weights(got, n), back)
+    with pytest.raises(ProtocolError, match="q8 payload of 7 bytes"):
+        decode(payload[:7], "q8")
+    with pytest.raises(ProtocolError, match="weights have"):
+        check_weights(got, n + 1)
+
+
 @pytest.mark.parametrize(
     ("bits", "n", "size"), [(8, 1_100, 1_100 + 8 * 5), (4, 1_100, 550 + 8 * 5), (4, 1_101, 551 + 8 * 5)]
 )

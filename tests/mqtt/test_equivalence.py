@@ -87,7 +87,9 @@ def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(b
     assert result.max_abs_diff <= 1e-5, result.max_abs_diff
     assert abs(result.mqtt[-1].federated_accuracy - fp32[-1].federated_accuracy) <= 0.02
     assert fp32[-1].extra["wire_bytes_up"] / result.sim[-1].extra["wire_bytes_up"] >= 3.8
-    assert fp32[-1].extra["wire_bytes_down"] / result.sim[-1].extra["wire_bytes_down"] >= 1.9
+    # round 1: no device holds a model yet; each gets the whole start model as q8, 8-bit blocks
+    # (fp16 would be 2x): the boards' models equal the simulator's, so they decoded q8 too
+    assert fp32[0].extra["wire_bytes_down"] / result.sim[0].extra["wire_bytes_down"] >= 3.5
     # by the last round every device answered before: start models go as deltas (server/downlink.py)
     assert fp32[-1].extra["wire_bytes_down"] / result.sim[-1].extra["wire_bytes_down"] >= 3.5
 

@@ -15,11 +15,16 @@ from device.protocol import (
     LocalTraining,
     ManagerHop,
     Reassembler,
+    Topics,
     TrainRequest,
     encode_frames,
+    parse_frame,
 )
 from device.waiting import WaitingTasks
+from server.coordinator.manager import GroupManager
+from server.coordinator.shared import SharedModels
 from server.downlink import Downlink, DownlinkModels
+from server.strategies.base import GroupPlan, TrainConfig
 
 N = 3_000
 
@@ -118,9 +123,6 @@ def test_a_delta_against_a_model_the_device_does_not_hold_is_refused_with_the_re
 
 def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broadcast_to_the_others() -> None:
     from device.protocol import Topics, TrainResult, decode_message, parse_frame
-    from server.coordinator.manager import GroupManager
-    from server.coordinator.shared import SharedModels
-    from server.strategies.base import GroupPlan, TrainConfig
 
     sent: list[tuple[str, bytes]] = []
     topics = Topics("r")
@@ -128,23 +130,7 @@ def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broad
     bases: dict[str, np.ndarray] = {}
 
     def manager(rnd: int, weights: np.ndarray) -> GroupManager:
-        return GroupManager(
-            GroupPlan(0, ("dev1", "dev2", "dev3"), "parallel", "m"),
-            rnd,
-            weights,
-            TrainConfig(),
-            topics=topics,
-            publish=lambda topic, data, retain: sent.append((topic, data)),
-            handoff="relay",
-            deadline_s=60.0,
-            seed=0,
-            max_chunk=1 << 20,
-            task_prefix="t",
-            shared=SharedModels(topics, lambda topic, data, retain: sent.append((topic, data)), 1 << 20, "e"),
-            codec="int8",
-            bases=bases,
-            downlinks=downlinks,
-        )
+        return _int8_manager(_PARALLEL, rnd, weights, topics, sent, bases, downlinks)
 
     first = manager(1, _model(0))
     first.start(0.0)
@@ -219,8 +205,7 @@ def test_a_resent_hand_off_is_the_payload_first_sent_so_the_server_knows_what_th
     first, refuses; the server would then record the wrong key and send the next round's
     delta against a model the member does not hold."""
     from device.protocol import Topics, TrainResult, parse_frame
-    from server.coordinator.manager import GroupManager
-    from server.strategies.base import GroupPlan, TrainConfig
+    from server.strategies.base import GroupPlan
 
     # Prepare: an int8 relayed chain of two; dev2 held a model the server knows
     sent: list[tuple[str, bytes]] = []
@@ -229,21 +214,8 @@ def test_a_resent_hand_off_is_the_payload_first_sent_so_the_server_knows_what_th
     held = downlinks.encode("dev2", _model(9))
     downlinks.sent("dev2", "old", held.key)
     downlinks.confirm("dev2", "old")
-    chain = GroupManager(
-        GroupPlan(0, ("dev1", "dev2"), "chain", "m"),
-        1,
-        _model(0),
-        TrainConfig(),
-        topics=topics,
-        publish=lambda topic, data, retain: sent.append((topic, data)),
-        handoff="relay",
-        deadline_s=60.0,
-        seed=0,
-        max_chunk=1 << 20,
-        task_prefix="t",
-        codec="int8",
-        bases={},
-        downlinks=downlinks,
+    chain = _int8_manager(
+        GroupPlan(0, ("dev1", "dev2"), "chain", "m"), 1, _model(0), topics, sent, {}, downlinks, False
     )
     chain.start(0.0)
     first_member = chain.members[0]
@@ -396,3 +368,92 @@ def test_a_model_encoded_while_a_group_s_model_goes_out_does_not_take_its_place(
         assert server.encode("c", group).key == first.key
         assert server.encode("y", other).key == intruder.key
         assert server.encode("d", group).key == first.key
+
+
+def test_a_first_model_goes_as_q8_to_a_device_that_lists_it_and_as_fp16_to_one_that_does_not() -> None:
+    """In int8 and int4 runs a device that holds nothing the server knows gets the whole
+    model in 8-bit blocks if it decodes ``q8``; its next start model is a delta against
+    the model it decoded, so the quantisation error does not stay."""
+    listed = {"new": ("raw", "fp16", "int8", "int8z", "q8"), "old": ("raw", "fp16", "int8", "int8z")}
+    server = DownlinkModels("fp16", deltas=True, first="q8", decodes=lambda d, c: c in listed[d])
+    start, waiting = _model(0), WaitingTasks()
+
+    new, old = server.encode("new", start), server.encode("old", start)
+
+    assert (new.codec, old.codec) == ("q8", "fp16") and new.base is None
+    assert new.payload.nbytes < 0.52 * old.payload.nbytes
+    held = _deliver(waiting, new, "t1")  # what the device decodes is what the server expects it holds
+    half_step = (start.max() - start.min()) / 255 / 2 * 1.0001  # no block spans more than the model
+    assert np.array_equal(held, new.received) and 0 < np.abs(held - start).max() <= half_step
+    server.sent("new", "t1", new.key)
+    server.confirm("new", "t1")
+    target = start + 0.01 * _model(1)
+    nxt = server.encode("new", target)
+    assert nxt.codec in DELTA_CODECS and nxt.base == new.key
+    assert np.abs(nxt.received - target).max() < np.abs(new.received - start).max() / 10  # corrected
+
+
+@pytest.mark.parametrize(("old_agent", "want"), [(False, "q8"), (True, "fp16")])
+def test_a_group_s_broadcast_goes_as_q8_only_when_every_member_it_reaches_decodes_it(
+    old_agent: bool, want: str
+) -> None:
+    """The shared start model of a parallel group is one payload for all: ``q8`` when
+    every member it goes to lists ``q8``, ``fp16`` when one does not. Either way the
+    server records each member as holding exactly the broadcast's payload, and the
+    members' uploads decode against the float32 start model."""
+    from device.protocol import Topics
+
+    sent: list[tuple[str, bytes]] = []
+    topics = Topics("r")
+    listed = {
+        d: ("raw", "fp16", "int8", "int8z") if old_agent and d == "dev3" else ("fp16", "q8")
+        for d in ("dev1", "dev2", "dev3")
+    }
+    downlinks = DownlinkModels("fp16", deltas=True, first="q8", decodes=lambda d, c: c in listed[d])
+    bases: dict[str, np.ndarray] = {}
+    start = _model(0)
+    manager = _int8_manager(_PARALLEL, 1, start, topics, sent, bases, downlinks)
+
+    manager.start(0.0)
+
+    assert manager.shared_key is not None
+    (frame,) = [data for t, data in sent if t == topics.shared_chunk(manager.shared_key, 0)]
+    header = parse_frame(frame)[0]
+    assert header.codec == want and not [t for t, _ in sent if t.endswith("/frames")]  # the broadcast only
+    assert {downlinks._sent[d][1] for d in ("dev1", "dev2", "dev3")} == {header.sha256}
+    assert bases[header.sha256] is start
+
+
+_PARALLEL = GroupPlan(0, ("dev1", "dev2", "dev3"), "parallel", "m")
+
+
+def _int8_manager(
+    plan: GroupPlan,
+    rnd: int,
+    weights: np.ndarray,
+    topics: Topics,
+    sent: list[tuple[str, bytes]],
+    bases: dict[str, np.ndarray],
+    downlinks: DownlinkModels,
+    broadcast: bool = True,
+) -> GroupManager:
+    """The manager of ``plan`` in an int8 run, publishing into ``sent`` (with shared
+    broadcasts unless ``broadcast`` is false)."""
+    shared = SharedModels(topics, lambda topic, data, retain: sent.append((topic, data)), 1 << 20, "e")
+    return GroupManager(
+        plan,
+        rnd,
+        weights,
+        TrainConfig(),
+        topics=topics,
+        publish=lambda topic, data, retain: sent.append((topic, data)),
+        handoff="relay",
+        deadline_s=60.0,
+        seed=0,
+        max_chunk=1 << 20,
+        task_prefix="t",
+        shared=shared if broadcast else None,
+        codec="int8",
+        bases=bases,
+        downlinks=downlinks,
+    )
