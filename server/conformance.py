@@ -66,7 +66,7 @@ RULES: dict[str, str] = {
     "result_follows_frames": "sends the result message at once after its output frames (within 3 s)",
     "identity": "publishes only under topics that carry its id, and names itself as the sender",
     "codecs": "lists raw, fp16, int8 and int8z in register's codecs when it sends the list, and trains from an "
-    "fp16 start model",
+    "fp16 start model (and from a q8 one if it lists q8)",
 }
 PEER, SINK = "conformance-peer", "conformance-sink"
 

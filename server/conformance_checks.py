@@ -17,6 +17,7 @@ from device.protocol import (
     DeviceHop,
     EvaluateRequest,
     EvaluateResult,
+    FrameCodec,
     FrameExtra,
     FrameHeader,
     FrameKind,
@@ -148,27 +149,35 @@ class _Checks:
         coordinator sends them to any device; only ``int4`` runs ask the ``codecs`` list,
         which agents older than ``int4`` do not send). So a list, when sent, must name
         those four (names this kit does not know are allowed: a newer device may list a
-        newer codec), and the device must train from a start model sent as fp16. The
-        delta codecs need a base the device holds, which this kit does not track; covey's
-        own agents are checked on them by the equivalence tests."""
+        newer codec), and the device must train from a start model sent as fp16, and,
+        if it lists ``q8`` (the whole model in 8-bit blocks, which int8 and int4 runs
+        send such a device first), from one sent as q8. The delta codecs need a base the
+        device holds, which this kit does not track; covey's own agents are checked on
+        them by the equivalence tests."""
         registration = self.kit.registration
         listed = registration.codecs if registration is not None else None
         missing = [c for c in REQUIRED_CODECS if listed is not None and c not in listed]
         if missing:
             self.kit.verdict("codecs", False, f"register lists {sorted(listed or ())}, without {missing}")
             return
-        since, task = len(self.kit.seen), self.kit._task("f16")
+        starts: list[FrameCodec] = ["fp16", "q8"] if listed is not None and "q8" in listed else ["fp16"]
+        problems = [f"with a {c} start model: {why}" for c in starts if (why := self._trains_from(c))]
+        self.kit.verdict("codecs", not problems, "; ".join(problems) or f"trained from {' and '.join(starts)}")
+
+    def _trains_from(self, codec: FrameCodec) -> str:
+        """Why the device did not train from a start model sent in ``codec`` ("" if it did)."""
+        since, task = len(self.kit.seen), self.kit._task("f16" if codec == "fp16" else codec)
         self.train(task)
         extra = FrameExtra(task, index=0, position=0)
-        payload = encode_float(self.start, "fp16")
-        self.kit._frames(payload, self.t.frames(self.me), sender=SERVER_ID, extra=extra, codec="fp16")
+        payload = encode_float(self.start, codec)
+        self.kit._frames(payload, self.t.frames(self.me), sender=SERVER_ID, extra=extra, codec=codec)
         out = self.output(since, self.t.uploads(self.me), task, "result")
         res = self.result(since, task, TrainResult)
         self.note_gap(out, res)
         why = self.trained(out) or ("" if res is not None else "no train result message")
-        if not why and out is not None and np.array_equal(out[1], decode(payload, "fp16")):
-            why = "the output equals the fp16 start model: nothing was trained"
-        self.kit.verdict("codecs", not why, f"with an fp16 start model: {why}")
+        if not why and out is not None and np.array_equal(out[1], decode(payload, codec)):
+            why = f"the output equals the {codec} start model: nothing was trained"
+        return why
 
     def duplicate(self, request: TrainRequest, first: Output | None) -> None:
         """The same request again: the device must not train again. It may deliver the
