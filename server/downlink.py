@@ -7,7 +7,8 @@ has answered that task, that the device holds it; the next start model then goes
 delta against it (``device/protocol/codecs.py``: ``int8``, ``base`` = that sha256) — the
 whole model otherwise (a device seen for the first time, or whose model fell out of the
 cache): as ``q8`` (8-bit blocks, about half of fp16's bytes) to a device that listed
-``q8`` when it registered, in the run's downlink codec (fp16) to one that did not.
+``q8`` when it registered, in the run's downlink codec (fp16) to one that did not; a
+shared broadcast in one codec for all it reaches (the manager's ``broadcast_codec``).
 
 The delta is against the model *as the device decoded it*, so the downlink error does
 not accumulate from round to round: each round's received model is within one
@@ -19,7 +20,9 @@ model is evicted first can differ between the coordinator (results in arrival or
 and the simulator (in plan order) once a round fills the cache; below the bound both
 send the same bytes. The coordinator and the simulator both use
 :class:`DownlinkModels`, so both send the same bytes and devices train from the same
-models.
+models, as long as every device lists ``q8`` (the simulator's virtual devices all do;
+a coordinator sends fp16 to an agent from before ``q8``, and to every member of a
+shared broadcast that reaches one).
 """
 
 from __future__ import annotations
@@ -115,9 +118,10 @@ class DownlinkModels:
         return key if key is not None and key in self._models else None
 
     def encode(self, device: str, weights: np.ndarray, full: FrameCodec | None = None) -> Downlink:
-        """``weights`` as they go to ``device``: a delta against its held model if the
-        cache has it (``int8`` and ``int4`` runs), the full model otherwise, in ``full``
-        if given (a broadcast's codec), else in :meth:`full_codec`."""
+        """``weights`` as they go to ``device``: the whole model in ``full`` if given (a
+        shared broadcast's codec, whatever the device holds); else a delta against its
+        held model if the cache has it (``int8`` and ``int4`` runs), and otherwise the
+        whole model in :meth:`full_codec`."""
         if weights is not self._unchanged:
             self._model_is(weights)
         return self._encode_current(device, weights, full)
@@ -157,7 +161,8 @@ class DownlinkModels:
         return first
 
     def _encode_current(self, device: str, weights: np.ndarray, codec: FrameCodec | None = None) -> Downlink:
-        base = self.base_of(device) if self.deltas else None
+        # a codec given (a broadcast's) means the whole model, whatever the device holds
+        base = self.base_of(device) if self.deltas and codec is None else None
         full = (codec or self.full_codec(device)) if base is None else None  # a delta's: the smaller packing
         done = self._encoded.get((base, full))
         if done is not None:  # another device holds the same model: the same payload (no work)

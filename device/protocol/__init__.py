@@ -10,7 +10,7 @@ little-endian tensor bytes behind a checked header.
   that carry its id, and receivers take the sender from the topic;
 * :mod:`device.protocol.messages`: the envelope and one frozen dataclass per body;
 * :mod:`device.protocol.frames`: binary frames, chunking, reassembly, ``send_model``;
-* :mod:`device.protocol.codecs`: how a model payload is encoded (fp32, fp16, int8 and int4 deltas);
+* :mod:`device.protocol.codecs`: how a model payload is encoded (fp32, fp16, int8 and int4 deltas, q8 whole models);
 * :mod:`device.protocol.typed`: validation and JSON Schema from the dataclasses.
 """
 

@@ -54,13 +54,14 @@ receiver reconstructs):
 * ``q8``: a *whole model* in ``int8``'s layout (per block of :data:`BLOCK`, ``lo =
   min x_b``, ``s = (max x_b - lo) / 255``, the codes), without a base: ``|x̂ - x| <=
   s / 2 + 2**-22 * max|x_b|``. In ``int8`` and ``int4`` runs a device that holds no
-  model the server knows (its first start model, or after the server's cache let its
-  model go) gets the start model this way if it lists ``q8`` in its ``register``,
-  and as ``fp16`` otherwise (:func:`first_codec`). About 1.03 bytes per weight
-  against fp16's 2. The quantisation error does not reach the aggregate: the
-  device's upload is a delta against the model it decoded, which the server adds to
-  its float32 original, and its next start model is a delta against what it decoded.
-  It only moves the point that device's first training starts from.
+  model the server knows (its first start model, a model sent but not answered, or
+  after the server's cache let its model go) gets the whole model this way if it
+  lists ``q8`` in its ``register``, and as ``fp16`` otherwise (:func:`first_codec`; a
+  group's shared broadcast is ``q8`` only if every member it reaches lists it). About
+  1.03 bytes per weight against fp16's 2. The quantisation error does not reach the
+  aggregate: the device's upload is a delta against the model it decoded, which the
+  server adds to its float32 original, and its next start model is a delta against
+  what it decoded. It only moves the point that device's training starts from.
 
 Error feedback (Seide et al., "1-bit stochastic gradient descent", Interspeech 2014;
 Karimireddy et al., "Error feedback fixes SignSGD", ICML 2019, Alg. 2): the sender
@@ -255,7 +256,8 @@ def unpack(packed: np.ndarray, n: int, *, bits: Bits) -> np.ndarray:
 
 
 def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8, name: str | None = None) -> np.ndarray:
-    """The float32 delta an ``int8`` (``bits`` 8) or ``int4`` (4) payload holds.
+    """The float32 values an ``int8`` (``bits`` 8) or ``int4`` (4) payload holds: a
+    delta, or a whole model in a ``q8`` payload.
 
     Parameters
     ----------
@@ -273,19 +275,20 @@ def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8, name: 
     """
     raw = np.asarray(payload)
     name = name or f"int{bits}"
+    an = f"a {name}" if name == "q8" else f"an {name}"  # for the errors
     if raw.dtype != np.uint8 or raw.ndim != 1:
-        raise ProtocolError(f"an {name} payload is a 1-D uint8 array, got {raw.dtype} {raw.shape}")
+        raise ProtocolError(f"{an} payload is a 1-D uint8 array, got {raw.dtype} {raw.shape}")
     total = raw.size
     nb = _head_blocks(total, bits)
     if n is not None and delta_length(n, bits) != total:
-        raise ProtocolError(f"an {name} delta of {total} bytes does not fit a model of {n} values")
+        raise ProtocolError(f"{an} delta of {total} bytes does not fit a model of {n} values")
     n = (total - 8 * nb) * 8 // bits if n is None else n
     if n <= 0 or delta_length(n, bits) != total:
-        raise ProtocolError(f"an {name} payload of {total} bytes fits no number of values (blocks of {BLOCK})")
+        raise ProtocolError(f"{an} payload of {total} bytes fits no number of values (blocks of {BLOCK})")
     head = raw[: 8 * nb].view("<f4").astype(np.float32)
     scale, lo = head[:nb], head[nb:]
     if not (np.isfinite(head).all() and (scale >= 0).all()):
-        raise ProtocolError(f"an {name} payload holds a negative or non-finite scale or offset (corrupt)")
+        raise ProtocolError(f"{an} payload holds a negative or non-finite scale or offset (corrupt)")
     if bits == 4 and n % 2 and raw[-1] >> 4:
         raise ProtocolError("an int4 payload of an odd count must end in a zero nibble (corrupt)")
     codes = raw[8 * nb :] if bits == 8 else _from_nibbles(raw[8 * nb :], n)
@@ -297,7 +300,7 @@ def dequantise(payload: np.ndarray, n: int | None = None, bits: Bits = 8, name: 
         blocks += lo[:, None]
     out = blocks.reshape(-1)[:n]
     if not np.isfinite(out).all():
-        raise ProtocolError(f"an {name} payload decodes to non-finite values (corrupt)")
+        raise ProtocolError(f"{an} payload decodes to non-finite values (corrupt)")
     return out
 
 

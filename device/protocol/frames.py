@@ -79,8 +79,9 @@ class FrameHeader:
     """The header of one frame (every field required but ``codec``, ``base`` and
     ``extra``). ``codec`` says how the payload decodes (``raw``: the array's bytes,
     float32 or uint8; ``fp16``: float16 weights; ``int8``, ``int4`` and their deflated
-    forms ``int8z``, ``int4z``: a quantised delta, uint8); ``base``: for deltas only and
-    then required, the sha256 of the payload of the model the delta is against."""
+    forms ``int8z``, ``int4z``: a quantised delta, uint8; ``q8``: a whole model in
+    8-bit blocks, uint8); ``base``: for deltas only and then required, the sha256 of
+    the payload of the model the delta is against."""
 
     kind: FrameKind
     run: Annotated[str, Identifier("run id")]
@@ -510,6 +511,8 @@ def check_weights(payload: Payload, n_params: int, bases: Mapping[str, np.ndarra
             raise ProtocolError(f"an {h.codec} delta of {size} bytes does not fit a model of {n_params}")
         if h.codec.endswith("z") and size >= full:
             raise ProtocolError(f"an {h.codec} delta of {size} bytes is no smaller than its {h.codec[:-1]} payload")
+    if h.codec == "q8" and payload.array.shape[0] != delta_length(n_params, 8):  # before decoding any of it
+        raise ProtocolError(f"a q8 model of {payload.array.shape[0]} bytes does not fit a model of {n_params}")
     arr = decode(payload.array, h.codec, base)
     if arr.shape[0] != n_params:
         raise ProtocolError(f"weights have {arr.shape[0]} values; the model has {n_params}")

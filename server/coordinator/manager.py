@@ -22,11 +22,13 @@ to the manager; members that miss the deadline are skipped. The start model is
 published once as a shared, retained model (``server/coordinator/shared.py``).
 
 Codecs (``device/protocol/codecs.py``). The manager sends models in the run's
-downlink codec (float32, or float16 in ``fp16``, ``int8`` and ``int4`` runs) and asks members
-for their output in the upload codec: an ``int8`` parallel member sends a delta
-against the start model it received, which the coordinator adds to its own float32
-start model (``bases``: payload sha256 -> model), so the float16 rounding of the
-downlink never reaches the aggregate. ``int4`` runs are ``int8`` runs with 4-bit
+downlink codec (float32, or float16 in ``fp16``, ``int8`` and ``int4`` runs; in the last
+two a whole model goes as ``q8`` to a device that lists it, and a shared broadcast as
+``q8`` when every member it reaches does) and asks members for their output in the
+upload codec: an ``int8`` parallel member sends a delta against the start model it
+received, which the coordinator adds to its own float32 start model (``bases``:
+payload sha256 -> model), so the rounding of the downlink (fp16, q8) never reaches
+the aggregate. ``int4`` runs are ``int8`` runs with 4-bit
 deltas; everything said of ``int8`` here holds for them. In an ``int8`` run a start model goes to a
 device as a delta against the model it holds when the coordinator knows it
 (``server/downlink.py``, ``downlinks``): then by its own frame, not the shared

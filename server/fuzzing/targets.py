@@ -57,6 +57,7 @@ from device.protocol import (
     TrainResult,
     check_weights,
     decode_message,
+    encode_float,
     encode_frames,
     parse_frame,
     payload_key,
@@ -181,6 +182,7 @@ def _frame_target() -> Target:
         *_frames(weights, "update", FrameExtra("t3"), 1 << 20),
         *_frames(weights, "model", FrameExtra("t4", index=1), 16, SERVER_ID),
         *_frames(weights, "model", FrameExtra(shared="k1"), 1 << 20, SERVER_ID),
+        *_frames(encode_float(weights, "q8"), "model", FrameExtra("t5"), 1 << 20, SERVER_ID, codec="q8"),
         *_frames(np.arange(40, dtype=np.uint8), "artifact", FrameExtra(), 16, SERVER_ID),
     ]
     templates = [split_frame(s)[0] for s in seeds]  # type: ignore[index]

@@ -68,8 +68,8 @@ def test_q8_carries_a_whole_model_in_half_of_fp16_within_half_a_step_per_block()
     assert np.array_equal(check_weights(got, n), back)
     with pytest.raises(ProtocolError, match="q8 payload of 7 bytes"):
         decode(payload[:7], "q8")
-    with pytest.raises(ProtocolError, match="weights have"):
-        check_weights(got, n + 1)
+    with pytest.raises(ProtocolError, match=f"q8 model of {payload.size} bytes does not fit a model of {n + 1}"):
+        check_weights(got, n + 1)  # refused by its length, before any of it is decoded
 
 
 @pytest.mark.parametrize(

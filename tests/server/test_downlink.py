@@ -17,8 +17,10 @@ from device.protocol import (
     Reassembler,
     Topics,
     TrainRequest,
+    encode_float,
     encode_frames,
     parse_frame,
+    payload_key,
 )
 from device.waiting import WaitingTasks
 from server.coordinator.manager import GroupManager
@@ -457,3 +459,20 @@ def _int8_manager(
         bases=bases,
         downlinks=downlinks,
     )
+
+
+def test_a_model_encoded_for_a_broadcast_is_whole_even_for_a_device_that_holds_a_base() -> None:
+    """``encode(..., full=codec)`` is what a shared broadcast carries: the whole model in
+    that codec, and the key recorded for the device is the broadcast's, even when the
+    device holds a model a delta could be against (a reviewer found a zero delta's key
+    recorded for a broadcast member whose evicted base had come back)."""
+    server = DownlinkModels("fp16", deltas=True, first="q8")
+    held = server.encode("dev1", _model(0))
+    server.sent("dev1", "t1", held.key)
+    server.confirm("dev1", "t1")
+    assert server.base_of("dev1") == held.key
+
+    whole = server.encode("dev1", _model(0), "q8")
+
+    assert (whole.codec, whole.base) == ("q8", None)
+    assert whole.key == payload_key(encode_float(_model(0), "q8"))
