@@ -295,7 +295,13 @@ class VirtualDevices:
 
     def _receivers(self, mode: str, members: Sequence[str]) -> list[str]:
         """Who the server sends a group's start model to: every parallel member; in a
-        chain the first member, and each silent one's successor (as the manager does)."""
+        chain the first member, and the successor of each silent member before the first
+        that answers (as the manager does). Not modelled: after a silent member further
+        on in a *direct* chain, the coordinator's manager forwards the last good model
+        itself, as a start model (in ``int8`` and ``int4`` runs a delta or ``q8``, which
+        the device then holds), where this simulator hands it on device to device as
+        ``fp16``; so with unresponsive devices in the middle of direct chains the two
+        differ in those runs. Relayed chains (the default there) do not differ."""
         if mode == "parallel":
             return list(members)
         answering = set(self._answers(members))
