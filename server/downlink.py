@@ -8,7 +8,8 @@ delta against it (``device/protocol/codecs.py``: ``int8``, ``base`` = that sha25
 whole model otherwise (a device seen for the first time, or whose model fell out of the
 cache): as ``q8`` (8-bit blocks, about half of fp16's bytes) to a device that listed
 ``q8`` when it registered, in the run's downlink codec (fp16) to one that did not; a
-shared broadcast in one codec for all it reaches (the manager's ``broadcast_codec``).
+shared broadcast in the codec most of its members decode (the manager's
+``broadcast_codec``; the others get their own frame).
 
 The delta is against the model *as the device decoded it*, so the downlink error does
 not accumulate from round to round: each round's received model is within one
@@ -22,7 +23,7 @@ send the same bytes. The coordinator and the simulator both use
 :class:`DownlinkModels`, so both send the same bytes and devices train from the same
 models, as long as every device lists ``q8`` (the simulator's virtual devices all do;
 a coordinator sends fp16 to an agent from before ``q8``, and to every member of a
-shared broadcast that reaches one).
+group's shared broadcast when most of them are such agents).
 """
 
 from __future__ import annotations

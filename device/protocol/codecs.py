@@ -57,7 +57,8 @@ receiver reconstructs):
   model the server knows (its first start model, a model sent but not answered, or
   after the server's cache let its model go) gets the whole model this way if it
   lists ``q8`` in its ``register``, and as ``fp16`` otherwise (:func:`first_codec`; a
-  group's shared broadcast is ``q8`` only if every member it reaches lists it). About
+  group's shared broadcast goes in the codec most of its members decode, the others
+  getting their own frame). About
   1.03 bytes per weight against fp16's 2. The quantisation error does not reach the
   aggregate: the device's upload is a delta against the model it decoded, which the
   server adds to its float32 original, and its next start model is a delta against

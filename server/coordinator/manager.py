@@ -24,11 +24,11 @@ published once as a shared, retained model (``server/coordinator/shared.py``).
 Codecs (``device/protocol/codecs.py``). The manager sends models in the run's
 downlink codec (float32, or float16 in ``fp16``, ``int8`` and ``int4`` runs; in the last
 two a whole model goes as ``q8`` to a device that lists it, and a shared broadcast as
-``q8`` when every member it reaches does) and asks members for their output in the
-upload codec: an ``int8`` parallel member sends a delta against the start model it
-received, which the coordinator adds to its own float32 start model (``bases``:
-payload sha256 -> model), so the rounding of the downlink (fp16, q8) never reaches
-the aggregate. ``int4`` runs are ``int8`` runs with 4-bit
+``q8`` when most of its members do, the others getting their own frame) and asks
+members for their output in the upload codec: an ``int8`` parallel member sends a
+delta against the start model it received, which the coordinator adds to its own
+float32 start model (``bases``: payload sha256 -> model), so the rounding of the
+downlink (fp16, q8) never reaches the aggregate. ``int4`` runs are ``int8`` runs with 4-bit
 deltas; everything said of ``int8`` here holds for them. In an ``int8`` run a start model goes to a
 device as a delta against the model it holds when the coordinator knows it
 (``server/downlink.py``, ``downlinks``): then by its own frame, not the shared
@@ -50,6 +50,7 @@ and measured in bytes it saves less (docs/results.md, "Int8 chain hand-offs").
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -135,6 +136,7 @@ class GroupManager:
             bases[payload_key(self.start_payload)] = start_weights
         self.downlinks = downlinks
         self.delta_members: frozenset[str] = frozenset()
+        self.own_frames: frozenset[str] = frozenset()  # members sent their start model by their own frame
         self.shared = shared
         self.shared_key: str | None = None
         self.broadcast_codec: FrameCodec = self.downlink  # set at start()
@@ -170,8 +172,9 @@ class GroupManager:
 
     def _own_frame(self, member: _Member) -> bool:
         """Whether ``member`` gets its start model by its own frame rather than the shared
-        broadcast: it held a model the server knows when the round started (a delta)."""
-        return member.device in self.delta_members
+        broadcast: it held a model the server knows when the round started (a delta), or
+        it does not decode the broadcast's codec."""
+        return member.device in self.own_frames
 
     def _start_unchanged(self) -> AbstractContextManager[None]:
         """While the start model goes to every member: the downlink cache compares it
@@ -234,12 +237,19 @@ class GroupManager:
     def start(self, now: float) -> None:
         if self.downlinks is not None:  # decided once: a later encode may evict a member's base
             self.delta_members = frozenset(m.device for m in self.members if self.downlinks.base_of(m.device))
+        self.own_frames = self.delta_members
         full = [m for m in self.members if not self._own_frame(m)]
+        if self.downlinks is not None and full:
+            # the broadcast goes in the codec most of its members decode (q8 on a tie, in int8
+            # and int4 runs; server/downlink.py); a member that decodes another (an agent from
+            # before q8) gets its own frame in that codec, so one old agent costs one frame
+            codec_of = {m.device: self.downlinks.full_codec(m.device) for m in full}
+            counts = Counter(codec_of.values())
+            self.broadcast_codec = max(counts, key=lambda c: (counts[c], c != self.downlink))
+            others = {d for d, c in codec_of.items() if c != self.broadcast_codec}
+            self.own_frames = self.delta_members | others
+            full = [m for m in full if m.device not in others]
         broadcast = self.plan.mode == "parallel" and self.shared is not None and len(full) > 1
-        # the broadcast's codec: the one every member it goes to decodes (q8 in int8 and int4
-        # runs when all of them list it; server/downlink.py), else the run's downlink codec
-        codecs = {self.downlinks.full_codec(m.device) for m in full} if self.downlinks is not None else set()
-        self.broadcast_codec = codecs.pop() if len(codecs) == 1 else self.downlink
         if broadcast:
             assert self.shared is not None
             payload = self.start_payload

@@ -395,22 +395,21 @@ def test_a_first_model_goes_as_q8_to_a_device_that_lists_it_and_as_fp16_to_one_t
     assert np.abs(nxt.received - target).max() < np.abs(new.received - start).max() / 10  # corrected
 
 
-@pytest.mark.parametrize(("old_agent", "want"), [(False, "q8"), (True, "fp16")])
-def test_a_group_s_broadcast_goes_as_q8_only_when_every_member_it_reaches_decodes_it(
-    old_agent: bool, want: str
+@pytest.mark.parametrize(
+    ("old", "want"), [((), "q8"), (("dev3",), "q8"), (("dev2", "dev3"), "fp16")], ids=["none", "one", "most"]
+)
+def test_a_group_s_broadcast_goes_in_the_codec_most_members_decode_and_the_others_get_their_own_frame(
+    old: tuple[str, ...], want: str
 ) -> None:
-    """The shared start model of a parallel group is one payload for all: ``q8`` when
-    every member it goes to lists ``q8``, ``fp16`` when one does not. Either way the
-    server records each member as holding exactly the broadcast's payload, and the
-    members' uploads decode against the float32 start model."""
-    from device.protocol import Topics
-
+    """The shared start model of a parallel group is one payload: ``q8`` when most of
+    the members without a delta list ``q8`` (agents from before it, in ``old``, do
+    not), else ``fp16``. A member that does not decode the broadcast's codec gets its
+    own frame in the codec it decodes. The server records each member as holding
+    exactly the payload it was sent, and the members' uploads decode against the
+    float32 start model."""
     sent: list[tuple[str, bytes]] = []
     topics = Topics("r")
-    listed = {
-        d: ("raw", "fp16", "int8", "int8z") if old_agent and d == "dev3" else ("fp16", "q8")
-        for d in ("dev1", "dev2", "dev3")
-    }
+    listed = {d: ("raw", "fp16", "int8", "int8z") if d in old else ("fp16", "q8") for d in ("dev1", "dev2", "dev3")}
     downlinks = DownlinkModels("fp16", deltas=True, first="q8", decodes=lambda d, c: c in listed[d])
     bases: dict[str, np.ndarray] = {}
     start = _model(0)
@@ -421,9 +420,14 @@ def test_a_group_s_broadcast_goes_as_q8_only_when_every_member_it_reaches_decode
     assert manager.shared_key is not None
     (frame,) = [data for t, data in sent if t == topics.shared_chunk(manager.shared_key, 0)]
     header = parse_frame(frame)[0]
-    assert header.codec == want and not [t for t, _ in sent if t.endswith("/frames")]  # the broadcast only
-    assert {downlinks._sent[d][1] for d in ("dev1", "dev2", "dev3")} == {header.sha256}
-    assert bases[header.sha256] is start
+    own = {t.split("/")[-2]: parse_frame(data)[0] for t, data in sent if t.endswith("/frames")}
+    assert header.codec == want
+    assert {d: h.codec for d, h in own.items()} == {
+        d: "fp16" if d in old else "q8" for d in listed if ("fp16" if d in old else "q8") != want
+    }
+    for d in listed:
+        assert downlinks._sent[d][1] == (own[d].sha256 if d in own else header.sha256)
+    assert all(bases[h.sha256] is start for h in [header, *own.values()])
 
 
 _PARALLEL = GroupPlan(0, ("dev1", "dev2", "dev3"), "parallel", "m")
