@@ -45,7 +45,11 @@ CONFIG_KEYS = {
     "threads",
     "idle_timeout",
     "train_priority",
+    "max_chunk",
 }
+
+# Below this a frame's JSON header (about 400 bytes) would outweigh its payload.
+MIN_CHUNK = 4096
 
 
 # A reader that closes our stdout early (``covey strategies | head -3``) is the reader's
@@ -123,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(Linux SCHED_IDLE); 'normal' competes like any process",
     )
     p.add_argument("--idle-timeout", type=float, help="leave after this many silent seconds")
+    p.add_argument(
+        "--max-chunk",
+        type=int,
+        metavar="BYTES",
+        help="payload bytes per MQTT frame; a bigger model goes as several (default 900000: under a 1 MB "
+        "broker packet limit). Lower it for a broker with a smaller limit",
+    )
     p.add_argument(
         "--measure-link",
         action="store_true",
@@ -233,6 +244,9 @@ def check_settings(s: Settings) -> None:
         if key == "threads":
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise bad(key, "an integer >= 1 (interpreter threads)")
+        elif key == "max_chunk":
+            if isinstance(value, bool) or not isinstance(value, int) or value < MIN_CHUNK:
+                raise bad(key, f"an integer >= {MIN_CHUNK} (payload bytes per frame)")
         elif key == "idle_timeout":
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise bad(key, "a number of seconds > 0")
@@ -336,6 +350,7 @@ def _main(argv: Sequence[str] | None) -> int:
             tls,
             threads=s.get("threads"),
             train_priority=s.get("train_priority") or "idle",
+            max_chunk=s.get("max_chunk") or AgentConfig.max_chunk,
         )
         try:
             agent = Agent(config, train, test_data)

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,6 +78,7 @@ def start_fleet(
     device_ids: list[str] | None = None,
     configs: list[Path] | None = None,
     scripts: dict[str, Path] | None = None,
+    agent_args: Sequence[str] = (),
 ) -> Fleet:
     """One agent process per writer, its data read from the LEAF folder. Devices are
     named ``dev000``, ``dev001``, ... unless ``device_ids`` says otherwise.
@@ -86,7 +88,7 @@ def start_fleet(
     ``port`` and ``run`` are not passed); ``device_ids`` then only name the state
     folders and logs (give the ids the configs hold). A device named in ``scripts``
     runs that script (with covey-device's flags) instead of the agent: a deliberately
-    broken or malicious agent for tests."""
+    broken or malicious agent for tests. ``agent_args``: more flags for every agent."""
     fleet = Fleet(workdir=tempfile.TemporaryDirectory(prefix="covey-fleet-"))
     assert fleet.workdir is not None
     base = Path(fleet.workdir.name)
@@ -115,6 +117,7 @@ def start_fleet(
             "--idle-timeout",
             str(idle_timeout),
             "-v",
+            *agent_args,
         ]
         handle = log.open("wb")
         fleet.processes.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=handle, stderr=subprocess.STDOUT))
