@@ -168,6 +168,9 @@ class MqttLink:
         self.max_queue_bytes = max_queue_bytes  # payload bytes the queue may hold (None: no limit)
         self._queued_bytes = 0
         self._closed = False
+        # SUBACKs by message id, newest last (a bounded record: only subscribe(wait=) reads it)
+        self._subacks: dict[int, bool] = {}
+        self._subacked = threading.Condition(threading.Lock())
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
             client_id=client_id,
@@ -188,6 +191,7 @@ class MqttLink:
         self._client.on_socket_open = self._on_socket_open
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._client.on_subscribe = self._on_subscribe
 
     # -- callbacks (network thread: never block) -----------------------------------------
     @staticmethod
@@ -223,6 +227,13 @@ class MqttLink:
         if reason_code.is_failure and not self._refused_event.is_set():  # a refusal is connect()'s to report
             self.disconnects += 1
             log.warning("%s: lost the broker (%s); reconnecting", self.client_id, reason_code)
+
+    def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # type: ignore[no-untyped-def]
+        with self._subacked:
+            self._subacks[mid] = not any(code.is_failure for code in reason_codes)
+            while len(self._subacks) > 256:
+                del self._subacks[next(iter(self._subacks))]
+            self._subacked.notify_all()
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
         try:
@@ -284,13 +295,31 @@ class MqttLink:
             )
         raise TransportError(f"no MQTT connection to {self.host}:{self.port} within {timeout:.0f} s")
 
-    def subscribe(self, *topics: str) -> None:
+    def subscribe(self, *topics: str, wait: float | None = None) -> None:
+        """Subscribe (QoS 1), and again after every reconnect. With ``wait``: return
+        once the broker confirmed every topic, so that what is published from then on
+        reaches this link; a refusal or no answer within ``wait`` seconds is a
+        :class:`TransportError`. (mosquitto's ACL file never refuses a subscription: it
+        grants it and withholds at delivery what the client may not read. Brokers that
+        check ACLs at subscription answer 0x80, which is the refusal here.)"""
         with self._lock:
             self._subscriptions.update(topics)
+        sent: dict[int, str] = {}
         for topic in topics:
-            result, _ = self._client.subscribe(topic, qos=1)
-            if result != paho.MQTT_ERR_SUCCESS and self._connected.is_set():
+            result, mid = self._client.subscribe(topic, qos=1)
+            if result != paho.MQTT_ERR_SUCCESS and (self._connected.is_set() or wait is not None):
                 raise TransportError(f"subscribing to {topic} failed ({paho.error_string(result)})")
+            if mid is not None:
+                sent[mid] = topic
+        if wait is None:
+            return
+        with self._subacked:
+            if not self._subacked.wait_for(lambda: sent.keys() <= self._subacks.keys(), timeout=wait):
+                missing = [topic for mid, topic in sent.items() if mid not in self._subacks]
+                raise TransportError(f"the broker did not confirm the subscription to {missing} within {wait:g} s")
+            refused = [topic for mid, topic in sent.items() if not self._subacks.pop(mid)]
+        if refused:
+            raise TransportError(f"the broker refused the subscription to {refused} (check the broker's ACL)")
 
     def unsubscribe(self, *topics: str) -> None:
         with self._lock:

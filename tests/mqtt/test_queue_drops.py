@@ -29,8 +29,7 @@ def test_a_full_receive_queue_logs_each_burst_once_with_its_count(broker, caplog
     sender = MqttLink("fast-writer", broker.host, broker.port, clean_session=True)
     slow.connect(10)
     sender.connect(10)
-    slow.subscribe("queue-test/#")
-    time.sleep(0.3)
+    slow.subscribe("queue-test/#", wait=10)
 
     # Execute: 50 messages into a queue of 5, then room again, then one more
     for i in range(50):
@@ -56,8 +55,7 @@ def test_the_receive_queue_holds_at_most_its_byte_bound(broker) -> None:
     sender = MqttLink("big-writer", broker.host, broker.port, clean_session=True)
     slow.connect(10)
     sender.connect(10)
-    slow.subscribe("bytes-test/#")
-    time.sleep(0.3)
+    slow.subscribe("bytes-test/#", wait=10)
 
     # Execute
     for _ in range(10):
