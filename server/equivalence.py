@@ -10,7 +10,7 @@ it and ``bench/equivalence.py`` prints the figures.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from server.fleet import leaf_writers, start_fleet
 from server.rounds import RoundRecord
 from server.simulation.datasets import ClientData
 from server.simulation.engine import Simulation
+from server.simulation.faults import Faults
 from server.strategies.base import Strategy
 
 
@@ -58,9 +59,14 @@ def run_both(
     seed: int = 3,
     deadline_s: float = 120.0,
     codec: WireCodec = "fp32",
+    silent: Mapping[str, Path] | None = None,
 ) -> Comparison:
     """The strategy from ``make()`` over ``n_devices`` FEMNIST writers, both ways, with
-    models on the wire in ``codec``."""
+    models on the wire in ``codec``. ``silent``: devices that never answer, each id with
+    the script its board runs instead of the agent (one that registers, then ignores its
+    requests); the simulator runs them as ``Faults(unresponsive=...)``. Give a
+    ``deadline_s`` that the others meet with room to spare: whoever misses it is
+    skipped, on boards only."""
     writers = leaf_writers(root, n_devices)
     ids = [f"dev{i:03d}" for i in range(n_devices)]
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
@@ -75,11 +81,14 @@ def run_both(
         federated_eval_every=1,
         codec=codec,
         handoff=handoff,  # type: ignore[arg-type]
+        faults=Faults(unresponsive=frozenset(silent or {})),
     )
     sim_records = sim.run(rounds)
 
     mqtt_strategy = make()
-    with start_fleet(root, writers, run=run, host=host, port=port, log_dir=work / "logs", device_ids=ids):
+    with start_fleet(
+        root, writers, run=run, host=host, port=port, log_dir=work / "logs", device_ids=ids, scripts=dict(silent or {})
+    ):
         coord = Coordinator(
             CoordinatorConfig(
                 run,

@@ -55,6 +55,7 @@ from server.costs import CostModel
 from server.downlink import DownlinkModels
 from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
 from server.screening import ScreeningConfig, update_norm
+from server.simulation.chains import answering_runs
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.faults import Faults
 from server.simulation.pool import SharedPool, balance
@@ -213,26 +214,12 @@ class VirtualDevices:
                 devices = self._receivers(g.mode, g.members)
                 models = self._download(g.group_id, devices, plan.models[g.start_model], plan.round)
                 received |= {(g.group_id, c): m for c, m in zip(devices, models, strict=True)}
-        chains = [(g, self._answers(g.members)) for g in plan.groups if g.mode == "chain"]
-        direct = [(g, cs) for g, cs in chains if g.group_id not in relayed]
+        chains = [g for g in plan.groups if g.mode == "chain"]
+        direct = [g for g in chains if g.group_id not in relayed]
         parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
-        direct_out: list[ChainOutcome] = self.pool.map(
-            "chain",
-            [
-                (
-                    received[g.group_id, cs[0]] if cs else plan.models[g.start_model],
-                    cs,
-                    settings,
-                    seed,
-                    plan.round,
-                    down,
-                )
-                for g, cs in direct
-            ],
-            [self._train_size(cs) for _, cs in direct],
-        )
-        by_chain = {g.group_id: o for (g, _), o in zip(direct, direct_out, strict=True)}
-        relay_groups = [g for g, _ in chains if g.group_id in relayed]
+        direct_out = self._direct_chains(plan, direct, received, settings, seed, down)
+        by_chain = {g.group_id: o for g, o in zip(direct, direct_out, strict=True)}
+        relay_groups = [g for g in chains if g.group_id in relayed]
         by_chain |= {
             g.group_id: o
             for g, o in zip(relay_groups, self._relayed_chains(plan, relay_groups, settings, seed, up), strict=True)
@@ -263,6 +250,55 @@ class VirtualDevices:
                 )
         self.seen.update(plan.participants)
         return results
+
+    def _direct_chains(
+        self,
+        plan: RoundPlan,
+        groups: Sequence[GroupPlan],
+        received: Mapping[tuple[int, str], np.ndarray],
+        settings: LocalTraining,
+        seed: int,
+        down: FrameCodec,
+    ) -> list[ChainOutcome]:
+        """Chains whose hand-offs go device to device in ``down``, as the coordinator's
+        manager runs them (``server/coordinator/manager.py``), in runs of members that
+        answer (:func:`~server.simulation.chains.answering_runs`). After a silent
+        member, the manager asks the last member that answered to send its output
+        again, as float32 (once per silent member: each misses its deadline), and
+        forwards it as a start model (:meth:`_download`: a delta or ``q8`` in ``int8`` and
+        ``int4`` runs) to each member after the first silent one; the first member
+        that answers trains from it. A chain that ends in silent members ends with
+        that float32 output. Runs of different chains train side by side, in waves."""
+        models = {g.group_id: plan.models[g.start_model] for g in groups}
+        members: dict[int, list[MemberResult]] = {g.group_id: [] for g in groups}
+        sent = dict.fromkeys(models, 0)
+        runs = {g.group_id: answering_runs(g.members, set(self._answers(g.members))) for g in groups}
+        for g in groups:
+            if runs[g.group_id]:
+                models[g.group_id] = received[g.group_id, runs[g.group_id][0].members[0]]
+        wave = 0
+        while todo := [g for g in groups if wave < len(runs[g.group_id])]:
+            turn = [runs[g.group_id][wave] for g in todo]
+            outs: list[ChainOutcome] = self.pool.map(
+                "chain",
+                [
+                    (models[g.group_id], r.members, settings, seed, plan.round, down, bool(r.silent_after))
+                    for g, r in zip(todo, turn, strict=True)
+                ],
+                [self._train_size(r.members) for r in turn],
+            )
+            for g, r, out in zip(todo, turn, outs, strict=True):
+                members[g.group_id] += out.members
+                sent[g.group_id] += out.wire_bytes + len(r.silent_after) * frame_bytes(out.final_weights, "raw")
+                models[g.group_id] = out.final_weights
+                following = runs[g.group_id][wave + 1].members[:1] if wave + 1 < len(runs[g.group_id]) else ()
+                forwarded_to = [*r.silent_after[1:], *following]
+                if forwarded_to:
+                    forwarded = self._download(g.group_id, forwarded_to, out.final_weights, plan.round)
+                    if following:
+                        models[g.group_id] = forwarded[-1]
+            wave += 1
+        return [ChainOutcome(models[g.group_id], tuple(members[g.group_id]), sent[g.group_id]) for g in groups]
 
     def _relayed_chains(
         self, plan: RoundPlan, groups: Sequence[GroupPlan], settings: LocalTraining, seed: int, up: FrameCodec
@@ -296,12 +332,8 @@ class VirtualDevices:
     def _receivers(self, mode: str, members: Sequence[str]) -> list[str]:
         """Who the server sends a group's start model to: every parallel member; in a
         chain the first member, and the successor of each silent member before the first
-        that answers (as the manager does). Not modelled: after a silent member further
-        on in a *direct* chain, the coordinator's manager forwards the last good model
-        itself, as a start model (in ``int8`` and ``int4`` runs a delta or ``q8``, which
-        the device then holds), where this simulator hands it on device to device as
-        ``fp16``; so with unresponsive devices in the middle of direct chains the two
-        differ in those runs. Relayed chains (the default there) do not differ."""
+        that answers (as the manager does). What it forwards after a silent member
+        further on is :meth:`_direct_chains`'s (relayed chains: :meth:`_relayed_chains`)."""
         if mode == "parallel":
             return list(members)
         answering = set(self._answers(members))

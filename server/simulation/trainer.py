@@ -52,19 +52,26 @@ class Trainer:
         seed: int,
         rnd: int,
         codec: FrameCodec = "raw",
+        resend: bool = False,
     ) -> ChainOutcome:
         """Members train one after another, each from its predecessor's model as it
-        arrives in ``codec`` (a full-model codec: hand-offs as on boards)."""
+        arrives in ``codec`` (a full-model codec: hand-offs as on boards).
+
+        ``resend``: the last member's successor is silent, so (as the coordinator's
+        manager asks) the member sends its output again to the manager as float32: the
+        outcome's model is that output itself, not its hand-off in ``codec`` (which is
+        counted, sent to the silent successor)."""
         current = weights
         out = []
         sent = 0
-        for c in members:
+        for i, c in enumerate(members):
             res = train_locally(
                 self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
             )
-            payload = encode_float(self.faults.poisoned(c, current, res.weights), codec)
+            trained = self.faults.poisoned(c, current, res.weights)
+            payload = encode_float(trained, codec)
             sent += frame_bytes(payload, codec)
-            current = decode(payload, codec)
+            current = trained if resend and i == len(members) - 1 else decode(payload, codec)
             out.append(MemberResult(c, res.n_samples, res.loss))
         return ChainOutcome(current, tuple(out), sent)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from server.equivalence import run_both
+from server.fleet import REPO
 from server.rounds import RoundRecord
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
@@ -159,3 +160,42 @@ def test_delta_chains_relay_deltas_and_give_the_same_models_both_ways(
         assert up >= 7.6, up  # at most half a byte per value
     else:
         assert up >= 3.8 if mode == "relay" else 1.9 <= up < 2.5, up  # direct hand-offs: fp16
+
+
+@pytest.mark.parametrize("codec", ["int8", "fp16"])
+def test_direct_chains_with_silent_members_give_the_same_models_both_ways(broker, tmp_path, codec: str) -> None:
+    """Round 1 of this FedGSP run chains dev002 → dev004 → dev001 and dev005 → dev003 →
+    dev000, with direct hand-offs. dev004, in the middle, and dev000, at the end, never
+    answer. On boards the manager skips each at its deadline, has its predecessor send
+    its output again as float32, and forwards it to dev001 itself (an int8 run: as a
+    downlink delta or q8, which dev001 then holds) or keeps it as the chain's model
+    (dev003's output, unrounded). The simulator runs the same steps: the same models
+    both ways, in round 2 too (whose start models are deltas against what round 1 left
+    on each device). Before, it handed models on as fp16 past a silent member."""
+    from covey.paths import ensure_model
+
+    # Prepare
+    _, make = CASES["fedgsp_direct"]
+    silent = {d: REPO / "tests" / "mqtt" / "silent_agent.py" for d in ("dev004", "dev000")}
+
+    # Execute
+    result = run_both(
+        make,
+        root=femnist_root(),
+        model_path=ensure_model("mlp_femnist"),
+        host=broker.host,
+        port=broker.port,
+        work=tmp_path,
+        run=f"eq-silent-{codec}",
+        rounds=2,
+        handoff="direct",
+        codec=codec,  # type: ignore[arg-type]
+        silent=silent,
+        deadline_s=10.0,
+    )
+
+    # Assert: the plan had the silent members where this test says, both skipped each round
+    assert [(r.participants, r.trained, r.skipped) for r in result.mqtt] == [(6, 4, 2), (6, 4, 2)]
+    assert result.mqtt[0].n_groups == 2 and result.mqtt[0].handoff == {"direct": 2}
+    assert result.max_abs_diff <= 1e-5, result.max_abs_diff
+    assert [r.federated_accuracy for r in result.sim] == pytest.approx([r.federated_accuracy for r in result.mqtt])
