@@ -94,3 +94,28 @@ def test_a_device_breaking_four_rules_gets_four_named_failures(broker, tmp_path)
     assert "group must be an integer" in failed["frames_well_formed"]
     assert "after the output frames" in failed["result_follows_frames"]
     assert "trained weights, not trained minus start" in failed["pretrain_reply"]
+
+
+def test_a_device_that_lists_q8_but_cannot_train_from_it_fails_the_codecs_rule(broker, tmp_path) -> None:
+    from covey.paths import ensure_model
+
+    # Prepare: an agent whose codec list names q8 and whose decoder refuses it
+    root = femnist_root()
+    with start_fleet(
+        root,
+        leaf_writers(root, 1),
+        run="conf-q8",
+        host=broker.host,
+        port=broker.port,
+        log_dir=tmp_path,
+        device_ids=["liar1"],
+        scripts={"liar1": REPO / "tests" / "mqtt" / "q8_liar_agent.py"},
+    ):
+        # Execute
+        report = run_conformance(broker.host, broker.port, "conf-q8", "liar1", ensure_model("mlp_femnist"), timeout=12)
+
+    # Assert: only the codecs rule fails, for the q8 start model, and fp16 still passed
+    failed = {v.rule: v.detail for v in report.failed}
+    assert set(failed) == {"codecs"}, report.table()
+    assert "with a q8 start model" in failed["codecs"], failed["codecs"]
+    assert "fp16" not in failed["codecs"], failed["codecs"]
