@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -176,11 +177,26 @@ def test_stopping_the_agent_after_the_broker_went_away(
     mosquitto, tmp_path: Path, data: Path, sig: int, expected: int
 ) -> None:  # type: ignore[no-untyped-def]
     proc = _agent_until_online(mosquitto, tmp_path, data)
+    lines: list[str] = []
+    noticed = threading.Event()
+
+    def read_stderr() -> None:  # until the agent exits; flags the line saying it reconnects
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "lost the broker" in line:
+                noticed.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
     try:
         mosquitto.stop()
-        time.sleep(1.5)  # the agent notices and starts reconnecting
+        assert noticed.wait(30), "".join(lines)  # the agent noticed and is reconnecting
         proc.send_signal(sig)
-        out, err = proc.communicate(timeout=30)
+        proc.wait(30)
+        reader.join(10)
+        assert proc.stdout is not None
+        out, err = proc.stdout.read(), "".join(lines)
     finally:
         if proc.poll() is None:
             proc.kill()
