@@ -168,8 +168,10 @@ class MqttLink:
         self.max_queue_bytes = max_queue_bytes  # payload bytes the queue may hold (None: no limit)
         self._queued_bytes = 0
         self._closed = False
-        # SUBACKs by message id, newest last (a bounded record: only subscribe(wait=) reads it)
-        self._subacks: dict[int, bool] = {}
+        # SUBACKs by message id, newest last: whether the broker granted each topic. A
+        # bounded record that only subscribe(wait=) reads; the ids it waits for stay.
+        self._subacks: dict[int, tuple[bool, ...]] = {}
+        self._awaited: set[int] = set()
         self._subacked = threading.Condition(threading.Lock())
         self._client = paho.Client(
             paho.CallbackAPIVersion.VERSION2,
@@ -229,10 +231,11 @@ class MqttLink:
             log.warning("%s: lost the broker (%s); reconnecting", self.client_id, reason_code)
 
     def _on_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:  # type: ignore[no-untyped-def]
-        with self._subacked:
-            self._subacks[mid] = not any(code.is_failure for code in reason_codes)
-            while len(self._subacks) > 256:
-                del self._subacks[next(iter(self._subacks))]
+        with self._subacked:  # held by subscribe() only while it sends, never while it waits
+            self._subacks.pop(mid, None)  # ids wrap at 65535: this one goes last
+            self._subacks[mid] = tuple(not code.is_failure for code in reason_codes)
+            for old in [m for m in self._subacks if m not in self._awaited][: max(0, len(self._subacks) - 256)]:
+                del self._subacks[old]
             self._subacked.notify_all()
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
@@ -296,30 +299,45 @@ class MqttLink:
         raise TransportError(f"no MQTT connection to {self.host}:{self.port} within {timeout:.0f} s")
 
     def subscribe(self, *topics: str, wait: float | None = None) -> None:
-        """Subscribe (QoS 1), and again after every reconnect. With ``wait``: return
-        once the broker confirmed every topic, so that what is published from then on
-        reaches this link; a refusal or no answer within ``wait`` seconds is a
-        :class:`TransportError`. (mosquitto's ACL file never refuses a subscription: it
-        grants it and withholds at delivery what the client may not read. Brokers that
-        check ACLs at subscription answer 0x80, which is the refusal here.)"""
-        with self._lock:
-            self._subscriptions.update(topics)
-        sent: dict[int, str] = {}
-        for topic in topics:
-            result, mid = self._client.subscribe(topic, qos=1)
-            if result != paho.MQTT_ERR_SUCCESS and (self._connected.is_set() or wait is not None):
-                raise TransportError(f"subscribing to {topic} failed ({paho.error_string(result)})")
-            if mid is not None:
-                sent[mid] = topic
-        if wait is None:
+        """Subscribe to ``topics`` (QoS 1, one SUBSCRIBE), and again after every reconnect.
+
+        With ``wait``: return once the broker confirmed them, so that what is published
+        from then on reaches this link. Not connected, a refusal, or no answer within
+        ``wait`` seconds is a :class:`TransportError` (the first forgets the topics; the
+        others keep them for the next reconnect, which subscribes again: a reconnect
+        while waiting also ends in no answer). mosquitto's ACL file never refuses a
+        subscription: it grants it and withholds at delivery what the client may not
+        read. Brokers that check ACLs at subscription answer 0x80, the refusal here."""
+        if not topics:
             return
+        with self._lock:
+            added = set(topics) - self._subscriptions
+            self._subscriptions.update(topics)
+        # the network thread cannot record this SUBACK before its id is known and any
+        # stale entry under that id is gone: it waits for this lock (paho's subscribe
+        # takes none that the network thread holds while in a callback)
         with self._subacked:
-            if not self._subacked.wait_for(lambda: sent.keys() <= self._subacks.keys(), timeout=wait):
-                missing = [topic for mid, topic in sent.items() if mid not in self._subacks]
-                raise TransportError(f"the broker did not confirm the subscription to {missing} within {wait:g} s")
-            refused = [topic for mid, topic in sent.items() if not self._subacks.pop(mid)]
-        if refused:
-            raise TransportError(f"the broker refused the subscription to {refused} (check the broker's ACL)")
+            result, mid = self._client.subscribe([(topic, 1) for topic in topics])
+            if result != paho.MQTT_ERR_SUCCESS or mid is None:
+                if wait is None and not self._connected.is_set():
+                    return  # subscribed on connect
+                with self._lock:
+                    self._subscriptions.difference_update(added)
+                raise TransportError(f"subscribing to {list(topics)} failed ({paho.error_string(result)})")
+            if wait is None:
+                return
+            self._subacks.pop(mid, None)
+            self._awaited.add(mid)
+            try:
+                if not self._subacked.wait_for(lambda: mid in self._subacks, timeout=wait):
+                    why = f"the broker did not confirm the subscription to {list(topics)} within {wait:g} s"
+                    raise TransportError(why)
+                granted = self._subacks.pop(mid)
+            finally:
+                self._awaited.discard(mid)
+        refused = [topic for topic, ok in zip(topics, granted, strict=False) if not ok]
+        if refused or len(granted) != len(topics):
+            raise TransportError(f"the broker refused the subscription to {refused or list(topics)} (check its ACL)")
 
     def unsubscribe(self, *topics: str) -> None:
         with self._lock:
