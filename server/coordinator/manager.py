@@ -14,8 +14,8 @@ its successor reports first (the chain advances past every member that reported)
 
 Deadlines. If the member whose turn it is does not report in time it is skipped and
 the chain continues from the last good model: the manager holds it (relay), asks the
-last good member to send it again (direct), or uses the start model (first member).
-Nothing already trained is thrown away.
+last good member to send it again (direct; once, however many silent members follow
+it), or uses the start model (first member). Nothing already trained is thrown away.
 
 Parallel mode. Every member trains from the group's start model and returns its model
 to the manager; members that miss the deadline are skipped. The start model is
@@ -146,6 +146,7 @@ class GroupManager:
         self.current = 0
         self.last_good: np.ndarray = start_weights
         self.last_good_index = -1  # -1: the start model
+        self.held_index = -1  # whose output ``last_good`` is (-1: the start model's)
         self.final: np.ndarray | None = None
         self.done = False
         self.deadline = float("inf")
@@ -348,7 +349,7 @@ class GroupManager:
         h = payload.header
         if self.waiting_resend and self.last_good_index >= 0 and h.sender == self.members[self.last_good_index].device:
             self.waiting_resend = False
-            self.last_good = weights
+            self.last_good, self.held_index = weights, self.last_good_index
             self._continue_after_skip(now)
             return True
         member = next((m for m in self.members if m.device == h.sender and m.task_id == h.extra.task_id), None)
@@ -363,6 +364,7 @@ class GroupManager:
                 return False
             member.weights = weights
             self.last_good, self.last_good_index = weights, max(self.last_good_index, index)
+            self.held_index = index
             if index == last:
                 self.final = weights
             elif self.handoff == "relay":
@@ -411,8 +413,9 @@ class GroupManager:
             self.plan.group_id,
             late.device,
         )
-        if self.handoff == "direct" and self.last_good_index >= 0:
-            # the last good model sits on the last good member: ask for it again
+        if self.handoff == "direct" and self.last_good_index >= 0 and self.held_index != self.last_good_index:
+            # the last good model sits on the last good member: ask for it again (once: after
+            # a second silent member in a row the manager holds it from the first resend)
             src = self.members[self.last_good_index]
             msg = Message.of(
                 ResendRequest(src.task_id, ManagerHop(self.plan.group_id)),

@@ -264,7 +264,7 @@ class VirtualDevices:
         manager runs them (``server/coordinator/manager.py``), in runs of members that
         answer (:func:`~server.simulation.chains.answering_runs`). After a silent
         member, the manager asks the last member that answered to send its output
-        again, as float32 (once per silent member: each misses its deadline), and
+        again, as float32 (once: it keeps it for further silent members), and
         forwards it as a start model (:meth:`_download`: a delta or ``q8`` in ``int8`` and
         ``int4`` runs) to each member after the first silent one; the first member
         that answers trains from it. A chain that ends in silent members ends with
@@ -289,7 +289,8 @@ class VirtualDevices:
             )
             for g, r, out in zip(todo, turn, outs, strict=True):
                 members[g.group_id] += out.members
-                sent[g.group_id] += out.wire_bytes + len(r.silent_after) * frame_bytes(out.final_weights, "raw")
+                resent = frame_bytes(out.final_weights, "raw") if r.silent_after else 0
+                sent[g.group_id] += out.wire_bytes + resent
                 models[g.group_id] = out.final_weights
                 following = runs[g.group_id][wave + 1].members[:1] if wave + 1 < len(runs[g.group_id]) else ()
                 forwarded_to = [*r.silent_after[1:], *following]
@@ -343,7 +344,9 @@ class VirtualDevices:
     def _download(self, group: int, devices: Sequence[str], weights: np.ndarray, rnd: int) -> list[np.ndarray]:
         """The start model as each of ``devices`` decodes it (a downlink delta against the
         model it holds in ``int8`` runs, ``server/downlink.py``); counted on the wire for
-        each device that answers."""
+        each device that answers. The count is what the devices' radios carry: a silent
+        board receives nothing, while a hand-off sent *to* a silent successor left its
+        sender's radio and counts (:meth:`_direct_chains`)."""
         task = f"r{rnd}-g{group}"
         received = []
         for device, down in zip(devices, self.downlinks.encode_all(devices, weights), strict=True):
