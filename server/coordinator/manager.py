@@ -298,12 +298,17 @@ class GroupManager:
                         self._send_model(self.start_weights, m, i)
         elif self.current < len(self.members):
             nxt = self.members[self.current]
-            if self.handoff == "direct" and self.last_good_index >= 0:
+            if self.handoff == "direct" and self.last_good_index >= 0 and self.held_index != self.last_good_index:
                 src = self.members[self.last_good_index]
-                body = ResendRequest(src.task_id, DeviceHop(nxt.device, nxt.task_id))
+                to: Hop
+                if self.current - 1 == self.last_good_index:  # nxt expects src's hand-off: straight to it
+                    to = DeviceHop(nxt.device, nxt.task_id)
+                else:  # nxt's predecessor was skipped (nxt would refuse src's frame): through the manager
+                    to, self.waiting_resend = ManagerHop(self.plan.group_id), True
+                body = ResendRequest(src.task_id, to)
                 msg = Message.of(body, run=self.topics.run, sender=SERVER_ID, round=self.round)
                 self.publish(self.topics.inbox(src.device), msg.encode(), False)
-            else:
+            else:  # the manager holds the last good model (or it is the start model)
                 self._send_model(self.last_good, nxt, self.current)
         self.deadline = max(self.deadline, now + self.deadline_s / 2)
 
@@ -339,15 +344,17 @@ class GroupManager:
                 self.last_good_index = self.current
                 self.current += 1
                 moved = True
-            if moved:
+            if moved:  # a model reached the chain's next member after all: no resend is awaited
                 self.deadline = now + self.deadline_s
+                self.waiting_resend = False
         self._check_done()
         return True
 
     def on_frame(self, payload: Payload, weights: np.ndarray, now: float) -> bool:
         """A ``result`` frame from a member; False if it is not expected."""
         h = payload.header
-        if self.waiting_resend and self.last_good_index >= 0 and h.sender == self.members[self.last_good_index].device:
+        src = self.members[self.last_good_index] if self.last_good_index >= 0 else None
+        if self.waiting_resend and src is not None and (h.sender, h.extra.task_id) == (src.device, src.task_id):
             self.waiting_resend = False
             self.last_good, self.held_index = weights, self.last_good_index
             self._continue_after_skip(now)
@@ -402,7 +409,8 @@ class GroupManager:
         if self.current >= len(self.members):
             # every member reported, but the chain's model never reached the manager
             late = self.members[-1]
-            self.last_good_index = len(self.members) - 2
+            before = [i for i, m in enumerate(self.members[:-1]) if m.reported and not m.skipped]
+            self.last_good_index = before[-1] if before else -1
         else:
             late = self.members[self.current]
             self.current += 1

@@ -1,0 +1,206 @@
+"""A direct chain's group manager when members are late, frames are lost or the
+coordinator's connection comes back mid-chain: it asks the right member for the right
+model, and never sends a member a stale one (server/coordinator/manager.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from device.protocol import (
+    DeviceHop,
+    FrameExtra,
+    ManagerHop,
+    ResendRequest,
+    Topics,
+    TrainResult,
+    decode_message,
+    encode_frames,
+)
+from device.protocol.frames import Reassembler
+from server.coordinator.manager import GroupManager
+from server.strategies.base import GroupPlan, TrainConfig
+
+DEADLINE_S = 10.0
+N = 16
+
+
+class Chain:
+    """A GroupManager for a direct chain, and what it published."""
+
+    def __init__(self, members: str) -> None:
+        self.topics = Topics("r")
+        self.sent: list[tuple[str, bytes]] = []
+        self.start = np.zeros(N, np.float32)
+        self.manager = GroupManager(
+            GroupPlan(0, tuple(members), "chain", "m"),
+            1,
+            self.start,
+            TrainConfig(),
+            topics=self.topics,
+            publish=lambda topic, data, retain: self.sent.append((topic, data)),
+            handoff="direct",
+            deadline_s=DEADLINE_S,
+            seed=0,
+            max_chunk=1 << 30,
+            task_prefix="t",
+        )
+        self.now = 0.0
+        self.manager.start(self.now)
+        self.tasks = self.manager.task_ids
+
+    def take(self) -> list[tuple[str, bytes]]:
+        out, self.sent = self.sent, []
+        return out
+
+    def resends(self, out: list[tuple[str, bytes]]) -> list[tuple[str, ResendRequest]]:
+        """(device asked, request) for each resend request in ``out``."""
+        found = []
+        for topic, data in out:
+            device = next((d for d in self.tasks if topic == self.topics.inbox(d)), None)
+            if device is not None and isinstance(body := decode_message(data).body, ResendRequest):
+                found.append((device, body))
+        return found
+
+    def models_to(self, out: list[tuple[str, bytes]]) -> dict[str, np.ndarray]:
+        """The models the manager sent, by device."""
+        models = {}
+        for topic, data in out:
+            device = next((d for d in self.tasks if topic == self.topics.frames(d)), None)
+            if device is not None:
+                payload = Reassembler().add(data)
+                assert payload is not None
+                models[device] = np.asarray(payload.array, np.float32)
+        return models
+
+    def report(self, device: str) -> None:
+        result = TrainResult(self.tasks[device], 10, 0.5, 1, 0, 0, ())
+        assert self.manager.on_result(device, result, self.now)
+
+    def frame(self, device: str, task: str, value: float) -> bool:
+        (data,) = encode_frames(
+            np.full(N, value, np.float32),
+            kind="result",
+            run="r",
+            round=1,
+            group=0,
+            sender=device,
+            extra=FrameExtra(task, position=0),
+            max_chunk=1 << 30,
+        )
+        payload = Reassembler().add(data)
+        assert payload is not None
+        return self.manager.on_frame(payload, np.asarray(payload.array, np.float32), self.now)
+
+    def deadline(self) -> None:
+        self.now += DEADLINE_S + 1
+        self.manager.tick(self.now)
+
+
+def _skip_b_and_take_as_resend(chain: Chain) -> None:
+    """a trains; b misses its deadline; a's output (1.0) comes back as the resend."""
+    chain.take()
+    chain.report("a")
+    chain.deadline()
+    assert [(d, r.to) for d, r in chain.resends(chain.take())] == [("a", ManagerHop(0))]
+    assert chain.frame("a", chain.tasks["a"], 1.0)
+
+
+def test_a_late_member_whose_model_went_on_cancels_the_awaited_resend() -> None:
+    # Prepare: b is skipped and a is asked to resend; b's late hand-off reaches c anyway
+    chain = Chain("abcd")
+    chain.take()
+    chain.report("a")
+    chain.deadline()
+    chain.take()
+    chain.report("c")
+
+    # Execute: d misses its deadline
+    chain.deadline()
+    out = chain.take()
+
+    # Assert: d is skipped and c (who holds the chain's model) is asked for it; d got no stale model
+    assert [(d, r.task_id) for d, r in chain.resends(out)] == [("c", chain.tasks["c"])]
+    assert chain.models_to(out) == {}
+    assert [m.device for m in chain.manager.members if m.skipped] == ["b", "d"]
+
+
+def test_after_a_reconnect_the_manager_sends_the_model_it_holds_to_the_member_after_a_skip() -> None:
+    # Prepare: b skipped, a's resend in hand and forwarded to c
+    chain = Chain("abc")
+    _skip_b_and_take_as_resend(chain)
+    assert set(chain.models_to(chain.take())) == {"c"}
+
+    # Execute: the coordinator's connection came back
+    chain.manager.resend_outstanding(chain.now)
+    out = chain.take()
+
+    # Assert: c gets a's output again from the manager; a is not asked to hand it to c
+    # (c expects b's hand-off and would refuse a's)
+    models = chain.models_to(out)
+    assert set(models) == {"c"} and np.all(models["c"] == 1.0)
+    assert chain.resends(out) == []
+
+
+def test_after_a_reconnect_a_resend_that_may_be_lost_is_asked_through_the_manager_again() -> None:
+    # Prepare: b skipped, a asked to resend; nothing came back yet
+    chain = Chain("abc")
+    chain.take()
+    chain.report("a")
+    chain.deadline()
+    chain.take()
+
+    # Execute
+    chain.manager.resend_outstanding(chain.now)
+    out = chain.take()
+
+    # Assert: through the manager, not straight to c; then a's resend is taken
+    assert [(d, r.to) for d, r in chain.resends(out)] == [("a", ManagerHop(0))]
+    assert chain.frame("a", chain.tasks["a"], 1.0)
+    assert np.all(chain.models_to(chain.take())["c"] == 1.0)
+
+
+def test_after_a_reconnect_with_no_skip_the_last_good_member_hands_on_straight() -> None:
+    # Prepare: a reported; b has not yet
+    chain = Chain("abc")
+    chain.take()
+    chain.report("a")
+
+    # Execute
+    chain.manager.resend_outstanding(chain.now)
+    out = chain.take()
+
+    # Assert
+    assert [(d, r.to) for d, r in chain.resends(out)] == [("a", DeviceHop("b", chain.tasks["b"]))]
+
+
+def test_a_lost_final_frame_falls_back_on_the_last_member_that_answered_not_a_skipped_one() -> None:
+    # Prepare: b skipped, a's output (1.0) forwarded to c; c reports but its frame never comes
+    chain = Chain("abc")
+    _skip_b_and_take_as_resend(chain)
+    chain.take()
+    chain.report("c")
+
+    # Execute: c's frame misses the deadline
+    chain.deadline()
+    out = chain.take()
+
+    # Assert: b (skipped, silent) is not asked; the chain ends with a's output, which the manager holds
+    assert chain.resends(out) == []
+    assert chain.manager.done and chain.manager.final is not None and np.all(chain.manager.final == 1.0)
+
+
+def test_only_the_awaited_task_is_taken_as_the_resend() -> None:
+    # Prepare: b skipped, a asked to resend
+    chain = Chain("abc")
+    chain.take()
+    chain.report("a")
+    chain.deadline()
+    chain.take()
+
+    # Execute: a frame from a under another task id, then the real resend
+    other = chain.frame("a", "not-this-round", 9.0)
+    real = chain.frame("a", chain.tasks["a"], 1.0)
+
+    # Assert
+    assert not other and real
+    assert np.all(chain.models_to(chain.take())["c"] == 1.0)
