@@ -305,7 +305,8 @@ class MqttLink:
         from then on reaches this link. Not connected, a refusal, or no answer within
         ``wait`` seconds is a :class:`TransportError` (the first forgets the topics; the
         others keep them for the next reconnect, which subscribes again: a reconnect
-        while waiting also ends in no answer). mosquitto's ACL file never refuses a
+        while waiting also ends in no answer). Without ``wait``, no connection is no
+        error: the topics are subscribed when the link (re)connects. mosquitto's ACL file never refuses a
         subscription: it grants it and withholds at delivery what the client may not
         read. Brokers that check ACLs at subscription answer 0x80, the refusal here."""
         if not topics:
@@ -319,10 +320,11 @@ class MqttLink:
         with self._subacked:
             result, mid = self._client.subscribe([(topic, 1) for topic in topics])
             if result != paho.MQTT_ERR_SUCCESS or mid is None:
-                if wait is None and not self._connected.is_set():
-                    return  # subscribed on connect
-                with self._lock:
-                    self._subscriptions.difference_update(added)
+                if wait is None and result == paho.MQTT_ERR_NO_CONN:
+                    return  # subscribed at the (re)connect
+                if wait is not None:
+                    with self._lock:
+                        self._subscriptions.difference_update(added)
                 raise TransportError(f"subscribing to {list(topics)} failed ({paho.error_string(result)})")
             if wait is None:
                 return

@@ -18,7 +18,7 @@ def test_what_is_published_after_a_confirmed_subscription_arrives_for_each_of_30
     writer.connect(10)
     topics = [f"sub-test/many/{i}" for i in range(300)]
 
-    # Execute: one call for all of them (more than the link keeps a record of)
+    # Execute: one call (one SUBSCRIBE) for all of them
     reader.subscribe(*topics, wait=10)
     for topic in topics:
         writer.publish(topic, topic.encode(), wait=5)
