@@ -20,6 +20,7 @@ import pytest
 
 from device.protocol import (
     DeviceHop,
+    ErrorFeedback,
     FrameCodec,
     FrameExtra,
     ResendRequest,
@@ -29,8 +30,8 @@ from device.protocol import (
     WireCodec,
     decode_message,
     downlink_codec,
-    encode_float,
     encode_frames,
+    encode_output,
     first_codec,
     wire_bits,
 )
@@ -43,6 +44,7 @@ from server.simulation.datasets import synthetic
 from server.simulation.engine import VirtualDevices
 from server.simulation.faults import Faults
 from server.simulation.trainer import Trainer
+from server.simulation.wire import frame_bytes
 from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
 
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.05)
@@ -59,9 +61,9 @@ class Boards:
     held: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
-def _frame_to_manager(manager: GroupManager, device: str, task: str, weights: np.ndarray, codec: FrameCodec) -> None:
+def _frame_to_manager(manager: GroupManager, device: str, task: str, payload: np.ndarray, codec: FrameCodec) -> None:
     (frame,) = encode_frames(
-        encode_float(weights, codec),
+        payload,
         kind="result",
         run="r",
         round=manager.round,
@@ -73,13 +75,14 @@ def _frame_to_manager(manager: GroupManager, device: str, task: str, weights: np
     )
     payload = Reassembler().add(frame)
     assert payload is not None
-    assert manager.on_frame(payload, decode(payload.array, codec), 0.0)
+    assert manager.on_frame(payload, decode(payload.array, codec), 0.0)  # direct chains upload no deltas
 
 
 def _board_round(
     boards: Boards, members: tuple[str, ...], rnd: int, start: np.ndarray, codec: WireCodec, downlinks
-) -> tuple[np.ndarray, int]:  # type: ignore[no-untyped-def]
-    """One round of a direct chain as the coordinator runs it; its model and the resends."""
+) -> tuple[np.ndarray, int, int]:  # type: ignore[no-untyped-def]
+    """One round of a direct chain as the coordinator runs it: its model, the resends,
+    and the bytes of the frames the boards sent."""
     topics, outbox = Topics("r"), []
     manager = GroupManager(
         GroupPlan(0, members, "chain", "m"),
@@ -97,11 +100,10 @@ def _board_round(
         bases={},
         downlinks=downlinks,
     )
-    down = downlink_codec(codec)
     requests: dict[str, TrainRequest] = {}
     arrived: dict[str, np.ndarray] = {}  # each board's start model, once it came
     outputs: dict[str, np.ndarray] = {}
-    resends, now = 0, 0.0
+    resends, sent, now = 0, 0, 0.0
     manager.start(now)
     while not manager.done:
         progressed = bool(outbox)
@@ -116,6 +118,7 @@ def _board_round(
                     resends += 1
                     if device not in boards.silent:  # the held output, as float32
                         _frame_to_manager(manager, device, body.task_id, outputs[device], "raw")
+                        sent += frame_bytes(outputs[device], "raw")
                 continue
             payload = Reassembler().add(data)
             assert payload is not None
@@ -132,11 +135,14 @@ def _board_round(
             result = boards.trainer.parallel(arrived[device], device, request.train, request.seed, rnd)
             assert result.weights is not None
             outputs[device] = result.weights
-            if isinstance(request.next, DeviceHop):  # straight to the successor, in the downlink codec
+            # in the codec the request names, as the agent does (device/tasks.py)
+            payload, codec_used = encode_output(result.weights, arrived[device], request.codec, ErrorFeedback())
+            sent += frame_bytes(payload, codec_used)
+            if isinstance(request.next, DeviceHop):  # straight to the successor
                 if request.next.device not in boards.silent:
-                    arrived[request.next.device] = decode(encode_float(result.weights, down), down)
+                    arrived[request.next.device] = decode(payload, codec_used)
             else:
-                _frame_to_manager(manager, device, request.task_id, result.weights, manager.upload)
+                _frame_to_manager(manager, device, request.task_id, payload, codec_used)
             manager.on_result(
                 device, TrainResult(request.task_id, result.n_samples, result.train_loss, 1, 0, 0, ()), now
             )
@@ -145,7 +151,7 @@ def _board_round(
             now += DEADLINE_S + 1
             manager.tick(now)
     assert manager.final is not None
-    return manager.final, resends
+    return manager.final, resends, sent
 
 
 @pytest.mark.parametrize("codec", ["fp16", "int8"])
@@ -171,18 +177,20 @@ def test_every_pattern_of_silent_members_gives_the_coordinators_models(zoo_model
         board_start, sim_start = start, start
         for rnd, members in ((1, names), (2, names[::-1])):
             # Execute: the same round both ways
-            board_final, resends = _board_round(boards, members, rnd, board_start, codec, downlinks)
+            board_final, resends, board_bytes = _board_round(boards, members, rnd, board_start, codec, downlinks)
             plan = RoundPlan(rnd, (GroupPlan(0, members, "chain", "m"),), {"m": sim_start}, TRAIN)
             (result,) = sim.execute(plan, seed=SEED)
             assert result.final_weights is not None
 
-            # Assert: the same model, the same bases held, one resend per run of silent members
+            # Assert: the same model, the same bases held, one resend per run of silent members,
+            # and the simulator counts the frames the boards sent
             where = f"{codec}, silent {sorted(silent)}, round {rnd}"
             np.testing.assert_array_equal(board_final, result.final_weights, err_msg=where)
             if downlinks is not None:
                 assert {d: downlinks.base_of(d) for d in names} == {d: sim.downlinks.base_of(d) for d in names}, where
             runs = answering_runs(members, set(members) - silent)
             assert resends == sum(1 for r in runs if r.silent_after), where
+            assert sim.round_stats().wire_bytes["up"] == board_bytes, where
             assert {m.client_id for m in result.members} == set(members) - silent, where
             board_start = board_final + np.float32(0.01)
             sim_start = result.final_weights + np.float32(0.01)
