@@ -96,22 +96,24 @@ class Chain:
         self.manager.tick(self.now)
 
 
-def _skip_b_and_take_as_resend(chain: Chain) -> None:
-    """a trains; b misses its deadline; a's output (1.0) comes back as the resend."""
+def _skip_b(chain: Chain) -> list[tuple[str, bytes]]:
+    """a trains; b misses its deadline. What the manager published then."""
     chain.take()
     chain.report("a")
     chain.deadline()
-    assert [(d, r.to) for d, r in chain.resends(chain.take())] == [("a", ManagerHop(0))]
+    return chain.take()
+
+
+def _skip_b_and_take_as_resend(chain: Chain) -> None:
+    """:func:`_skip_b`; a's output (1.0) comes back as the resend."""
+    assert [(d, r.to) for d, r in chain.resends(_skip_b(chain))] == [("a", ManagerHop(0))]
     assert chain.frame("a", chain.tasks["a"], 1.0)
 
 
 def test_a_late_member_whose_model_went_on_cancels_the_awaited_resend() -> None:
     # Prepare: b is skipped and a is asked to resend; b's late hand-off reaches c anyway
     chain = Chain("abcd")
-    chain.take()
-    chain.report("a")
-    chain.deadline()
-    chain.take()
+    _skip_b(chain)
     chain.report("c")
 
     # Execute: d misses its deadline
@@ -144,10 +146,7 @@ def test_after_a_reconnect_the_manager_sends_the_model_it_holds_to_the_member_af
 def test_after_a_reconnect_a_resend_that_may_be_lost_is_asked_through_the_manager_again() -> None:
     # Prepare: b skipped, a asked to resend; nothing came back yet
     chain = Chain("abc")
-    chain.take()
-    chain.report("a")
-    chain.deadline()
-    chain.take()
+    _skip_b(chain)
 
     # Execute
     chain.manager.resend_outstanding(chain.now)
@@ -192,10 +191,7 @@ def test_a_lost_final_frame_falls_back_on_the_last_member_that_answered_not_a_sk
 def test_only_the_awaited_task_is_taken_as_the_resend() -> None:
     # Prepare: b skipped, a asked to resend
     chain = Chain("abc")
-    chain.take()
-    chain.report("a")
-    chain.deadline()
-    chain.take()
+    _skip_b(chain)
 
     # Execute: a frame from a under another task id, then the real resend
     other = chain.frame("a", "not-this-round", 9.0)
