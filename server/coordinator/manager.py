@@ -13,7 +13,8 @@ acknowledge its hand-off before sending its ``result`` message is not penalised 
 its successor reports first (the chain advances past every member that reported).
 
 Deadlines. If the member whose turn it is does not report in time it is skipped and
-the chain continues from the last good model: the manager holds it (relay), asks the
+the chain continues from the last good model (a member that reported but whose model
+never reached the manager is first asked once to send it again): the manager holds it (relay), asks the
 last good member to send it again (direct; once, however many silent members follow
 it), or uses the start model (first member). Nothing already trained is thrown away.
 
@@ -152,6 +153,7 @@ class GroupManager:
         self.deadline = float("inf")
         self.waiting_resend = False
         self.resends = 0
+        self._asked_again: set[str] = set()  # tasks whose output was asked for again after a missed deadline
         # task id -> (model, payload, codec, base) last sent for it, for a resend of the same model
         self._sent: dict[str, tuple[np.ndarray, np.ndarray, FrameCodec, str | None]] = {}
 
@@ -406,13 +408,22 @@ class GroupManager:
             self.waiting_resend = False
             self._continue_after_skip(now)
             return
+        late = self.members[min(self.current, len(self.members) - 1)]
+        if late.reported and late.task_id not in self._asked_again:
+            # it trained (its result came) but its model did not reach the manager: it holds
+            # its output until the round is acknowledged, so ask for it once more
+            self._asked_again.add(late.task_id)
+            body = ResendRequest(late.task_id, ManagerHop(self.plan.group_id))
+            msg = Message.of(body, run=self.topics.run, sender=SERVER_ID, round=self.round)
+            self.publish(self.topics.inbox(late.device), msg.encode(), False)
+            self.resends += 1
+            self.deadline = now + self.deadline_s
+            return
         if self.current >= len(self.members):
             # every member reported, but the chain's model never reached the manager
-            late = self.members[-1]
             before = [i for i, m in enumerate(self.members[:-1]) if m.reported and not m.skipped]
             self.last_good_index = before[-1] if before else -1
         else:
-            late = self.members[self.current]
             self.current += 1
         late.skipped = True
         log.warning(

@@ -1,6 +1,7 @@
-"""A direct chain's group manager when members are late, frames are lost or the
+"""A chain's group manager when members are late, frames are lost or the
 coordinator's connection comes back mid-chain: it asks the right member for the right
-model, and never sends a member a stale one (server/coordinator/manager.py)."""
+model, never sends a member a stale one, and does not throw away a model a member
+trained and still holds (server/coordinator/manager.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from device.protocol import (
     encode_frames,
 )
 from device.protocol.frames import Reassembler
-from server.coordinator.manager import GroupManager
+from server.coordinator.manager import GroupManager, Handoff
 from server.strategies.base import GroupPlan, TrainConfig
 
 DEADLINE_S = 10.0
@@ -27,7 +28,7 @@ N = 16
 class Chain:
     """A GroupManager for a direct chain, and what it published."""
 
-    def __init__(self, members: str) -> None:
+    def __init__(self, members: str, handoff: Handoff = "direct") -> None:
         self.topics = Topics("r")
         self.sent: list[tuple[str, bytes]] = []
         self.start = np.zeros(N, np.float32)
@@ -38,7 +39,7 @@ class Chain:
             TrainConfig(),
             topics=self.topics,
             publish=lambda topic, data, retain: self.sent.append((topic, data)),
-            handoff="direct",
+            handoff=handoff,
             deadline_s=DEADLINE_S,
             seed=0,
             max_chunk=1 << 30,
@@ -172,20 +173,57 @@ def test_after_a_reconnect_with_no_skip_the_last_good_member_hands_on_straight()
     assert [(d, r.to) for d, r in chain.resends(out)] == [("a", DeviceHop("b", chain.tasks["b"]))]
 
 
-def test_a_lost_final_frame_falls_back_on_the_last_member_that_answered_not_a_skipped_one() -> None:
+def test_a_lost_final_frame_is_asked_for_again_from_the_member_that_trained_it() -> None:
     # Prepare: b skipped, a's output (1.0) forwarded to c; c reports but its frame never comes
     chain = Chain("abc")
     _skip_b_and_take_as_resend(chain)
     chain.take()
     chain.report("c")
 
-    # Execute: c's frame misses the deadline
+    # Execute: c's frame misses the deadline; c sends it again when asked
+    chain.deadline()
+    asked = chain.resends(chain.take())
+    assert chain.frame("c", chain.tasks["c"], 3.0)
+
+    # Assert: c's own work ends the chain, nobody is skipped but b
+    assert [(d, r.task_id, r.to) for d, r in asked] == [("c", chain.tasks["c"], ManagerHop(0))]
+    assert chain.manager.done and chain.manager.final is not None and np.all(chain.manager.final == 3.0)
+    assert [m.device for m in chain.manager.members if m.skipped] == ["b"]
+
+
+def test_a_final_frame_lost_twice_falls_back_on_the_last_member_that_answered_not_a_skipped_one() -> None:
+    # Prepare: as above, but c does not send its frame again either
+    chain = Chain("abc")
+    _skip_b_and_take_as_resend(chain)
+    chain.take()
+    chain.report("c")
+    chain.deadline()
+    chain.take()
+
+    # Execute
     chain.deadline()
     out = chain.take()
 
     # Assert: b (skipped, silent) is not asked; the chain ends with a's output, which the manager holds
     assert chain.resends(out) == []
     assert chain.manager.done and chain.manager.final is not None and np.all(chain.manager.final == 1.0)
+
+
+def test_a_relayed_member_whose_frame_was_lost_is_asked_for_it_once_before_it_is_skipped() -> None:
+    # Prepare: a relayed chain; a reports but its frame never reaches the manager
+    chain = Chain("abc", handoff="relay")
+    chain.take()
+    chain.report("a")
+
+    # Execute: the deadline passes, a sends its output again when asked
+    chain.deadline()
+    asked = chain.resends(chain.take())
+    assert chain.frame("a", chain.tasks["a"], 1.0)
+
+    # Assert: a's output goes on to b, and nobody was skipped
+    assert [(d, r.to) for d, r in asked] == [("a", ManagerHop(0))]
+    assert np.all(chain.models_to(chain.take())["b"] == 1.0)
+    assert not any(m.skipped for m in chain.manager.members)
 
 
 def test_only_the_awaited_task_is_taken_as_the_resend() -> None:
