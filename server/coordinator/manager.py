@@ -173,6 +173,33 @@ class GroupManager:
                 return frozenset({SERVER_ID, self.members[i - 1].device} if direct else {SERVER_ID})
         return frozenset()
 
+    def _ask_resend(self, member: _Member, to: Hop) -> None:
+        """Ask ``member`` to send the output it holds for its task again, to ``to``."""
+        msg = Message.of(ResendRequest(member.task_id, to), run=self.topics.run, sender=SERVER_ID, round=self.round)
+        self.publish(self.topics.inbox(member.device), msg.encode(), False)
+        self.resends += 1
+
+    def _advance(self, now: float) -> bool:
+        """Direct hand-offs: move the chain past every member that reported (its model
+        went on to its successor); whether it moved."""
+        moved = False
+        while self.current < len(self.members) and self.members[self.current].reported:
+            self.last_good_index = self.current
+            self.current += 1
+            moved = True
+        if moved:  # a model reached the chain's next member: no resend is awaited
+            self.deadline = now + self.deadline_s
+            self.waiting_resend = False
+        return moved
+
+    def _awaiting_output(self) -> _Member | None:
+        """The member asked again for an output that never reached the manager, if any."""
+        if self.plan.mode != "chain":
+            return None
+        late = self.members[min(self.current, len(self.members) - 1)]
+        pending = late.task_id in self._asked_again and late.reported and late.weights is None
+        return late if pending and not late.skipped else None
+
     def _own_frame(self, member: _Member) -> bool:
         """Whether ``member`` gets its start model by its own frame rather than the shared
         broadcast: it held a model the server knows when the round started (a delta), or
@@ -298,20 +325,21 @@ class GroupManager:
                 for i, m in enumerate(self.members):
                     if (self.shared_key is None or self._own_frame(m)) and m.weights is None and not m.skipped:
                         self._send_model(self.start_weights, m, i)
+        elif (late := self._awaiting_output()) is not None:  # the request for its output may be lost
+            self._ask_resend(late, ManagerHop(self.plan.group_id))
         elif self.current < len(self.members):
             nxt = self.members[self.current]
             if self.handoff == "direct" and self.last_good_index >= 0 and self.held_index != self.last_good_index:
                 src = self.members[self.last_good_index]
-                to: Hop
                 if self.current - 1 == self.last_good_index:  # nxt expects src's hand-off: straight to it
-                    to = DeviceHop(nxt.device, nxt.task_id)
+                    self._ask_resend(src, DeviceHop(nxt.device, nxt.task_id))
                 else:  # nxt's predecessor was skipped (nxt would refuse src's frame): through the manager
-                    to, self.waiting_resend = ManagerHop(self.plan.group_id), True
-                body = ResendRequest(src.task_id, to)
-                msg = Message.of(body, run=self.topics.run, sender=SERVER_ID, round=self.round)
-                self.publish(self.topics.inbox(src.device), msg.encode(), False)
+                    self._ask_resend(src, ManagerHop(self.plan.group_id))
+                    self.waiting_resend = True
             else:  # the manager holds the last good model (or it is the start model)
                 self._send_model(self.last_good, nxt, self.current)
+        elif self.waiting_resend and self.last_good_index >= 0:  # the chain's end awaits that resend
+            self._ask_resend(self.members[self.last_good_index], ManagerHop(self.plan.group_id))
         self.deadline = max(self.deadline, now + self.deadline_s / 2)
 
     def release(self) -> None:
@@ -341,14 +369,7 @@ class GroupManager:
         if self.downlinks is not None:
             self.downlinks.confirm(device, member.task_id)
         if self.plan.mode == "chain" and self.handoff == "direct":
-            moved = False
-            while self.current < len(self.members) and self.members[self.current].reported:
-                self.last_good_index = self.current
-                self.current += 1
-                moved = True
-            if moved:  # a model reached the chain's next member after all: no resend is awaited
-                self.deadline = now + self.deadline_s
-                self.waiting_resend = False
+            self._advance(now)
         self._check_done()
         return True
 
@@ -410,13 +431,11 @@ class GroupManager:
             return
         late = self.members[min(self.current, len(self.members) - 1)]
         if late.reported and late.task_id not in self._asked_again:
-            # it trained (its result came) but its model did not reach the manager: it holds
-            # its output until the round is acknowledged, so ask for it once more
+            # it trained (its result came) but its model did not reach the manager (a relayed
+            # member, or a direct chain's last): it holds its output until the round is
+            # acknowledged, so ask for it once more
             self._asked_again.add(late.task_id)
-            body = ResendRequest(late.task_id, ManagerHop(self.plan.group_id))
-            msg = Message.of(body, run=self.topics.run, sender=SERVER_ID, round=self.round)
-            self.publish(self.topics.inbox(late.device), msg.encode(), False)
-            self.resends += 1
+            self._ask_resend(late, ManagerHop(self.plan.group_id))
             self.deadline = now + self.deadline_s
             return
         if self.current >= len(self.members):
@@ -432,19 +451,13 @@ class GroupManager:
             self.plan.group_id,
             late.device,
         )
+        if self.handoff == "direct" and self._advance(now):
+            return  # the members after it reported: its hand-off reached them after all
         if self.handoff == "direct" and self.last_good_index >= 0 and self.held_index != self.last_good_index:
             # the last good model sits on the last good member: ask for it again (once: after
             # a second silent member in a row the manager holds it from the first resend)
-            src = self.members[self.last_good_index]
-            msg = Message.of(
-                ResendRequest(src.task_id, ManagerHop(self.plan.group_id)),
-                run=self.topics.run,
-                sender=SERVER_ID,
-                round=self.round,
-            )
-            self.publish(self.topics.inbox(src.device), msg.encode(), False)
+            self._ask_resend(self.members[self.last_good_index], ManagerHop(self.plan.group_id))
             self.waiting_resend = True
-            self.resends += 1
             self.deadline = now + self.deadline_s
             return
         self._continue_after_skip(now)
@@ -454,9 +467,9 @@ class GroupManager:
             self.final = self.last_good
             self.done = True
             return
+        if self.handoff == "direct" and self._advance(now):
+            return  # the next members reported: they had the model already
         nxt = self.members[self.current]
-        if self.handoff == "direct" and nxt.reported:
-            return
         # the successor was told to expect its predecessor; a model from the server is
         # always accepted, so the manager forwards the last good model itself
         self._send_model(self.last_good, nxt, self.current)

@@ -26,7 +26,7 @@ N = 16
 
 
 class Chain:
-    """A GroupManager for a direct chain, and what it published."""
+    """A GroupManager for a chain (direct hand-offs unless told), and what it published."""
 
     def __init__(self, members: str, handoff: Handoff = "direct") -> None:
         self.topics = Topics("r")
@@ -238,3 +238,73 @@ def test_only_the_awaited_task_is_taken_as_the_resend() -> None:
     # Assert
     assert not other and real
     assert np.all(chain.models_to(chain.take())["c"] == 1.0)
+
+
+def test_a_relayed_member_asked_once_in_vain_is_skipped_and_the_next_gets_the_last_good_model() -> None:
+    # Prepare: a reports, its frame never comes, nor after it is asked again
+    chain = Chain("abc", handoff="relay")
+    chain.take()
+    chain.report("a")
+    chain.deadline()
+    chain.take()
+
+    # Execute
+    chain.deadline()
+    out = chain.take()
+
+    # Assert: asked once only; a is skipped; b gets the start model
+    assert chain.resends(out) == []
+    assert [m.device for m in chain.manager.members if m.skipped] == ["a"]
+    models = chain.models_to(out)
+    assert set(models) == {"b"} and np.all(models["b"] == 0.0)
+
+
+def test_after_a_reconnect_a_member_asked_for_its_output_is_asked_again_not_sent_its_input() -> None:
+    # Prepare: relayed a reported, its frame lost, the manager asked for it
+    chain = Chain("abc", handoff="relay")
+    chain.take()
+    chain.report("a")
+    chain.deadline()
+    chain.take()
+
+    # Execute: the coordinator's connection came back (the request may have been lost)
+    chain.manager.resend_outstanding(chain.now)
+    out = chain.take()
+
+    # Assert
+    assert [(d, r.task_id, r.to) for d, r in chain.resends(out)] == [("a", chain.tasks["a"], ManagerHop(0))]
+    assert chain.models_to(out) == {}
+
+
+def test_a_member_whose_result_was_lost_but_whose_hand_off_went_on_does_not_hold_the_chain_up() -> None:
+    # Prepare: a reports; c reports too (b's hand-off reached it, b's result did not)
+    chain = Chain("abcd")
+    chain.take()
+    chain.report("a")
+    chain.report("c")
+
+    # Execute: b's deadline passes; d trains from c's hand-off and returns the chain's model
+    chain.deadline()
+    out = chain.take()
+    chain.report("d")
+    assert chain.frame("d", chain.tasks["d"], 4.0)
+
+    # Assert: only b is skipped, nobody is asked to resend, the chain ends with d's model
+    assert chain.resends(out) == [] and chain.models_to(out) == {}
+    assert [m.device for m in chain.manager.members if m.skipped] == ["b"]
+    assert chain.manager.done and chain.manager.final is not None and np.all(chain.manager.final == 4.0)
+
+
+def test_after_a_reconnect_the_resend_a_chain_ending_in_a_skip_waits_for_is_asked_again() -> None:
+    # Prepare: a reports; b (the last) misses its deadline; a is asked to resend
+    chain = Chain("ab")
+    assert [(d, r.to) for d, r in chain.resends(_skip_b(chain))] == [("a", ManagerHop(0))]
+
+    # Execute
+    chain.manager.resend_outstanding(chain.now)
+    out = chain.take()
+
+    # Assert: asked again; its answer ends the chain
+    assert [(d, r.to) for d, r in chain.resends(out)] == [("a", ManagerHop(0))]
+    assert chain.frame("a", chain.tasks["a"], 1.0)
+    assert chain.manager.done and chain.manager.final is not None and np.all(chain.manager.final == 1.0)
