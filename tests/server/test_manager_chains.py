@@ -97,8 +97,9 @@ class Chain:
         self.manager.tick(self.now)
 
 
-def _skip_b(chain: Chain) -> list[tuple[str, bytes]]:
-    """a trains; b misses its deadline. What the manager published then."""
+def _a_reports_then_the_deadline_passes(chain: Chain) -> list[tuple[str, bytes]]:
+    """a trains and reports; the deadline passes (direct: b's turn; relay: a's frame is
+    missing). What the manager published then."""
     chain.take()
     chain.report("a")
     chain.deadline()
@@ -106,15 +107,15 @@ def _skip_b(chain: Chain) -> list[tuple[str, bytes]]:
 
 
 def _skip_b_and_take_as_resend(chain: Chain) -> None:
-    """:func:`_skip_b`; a's output (1.0) comes back as the resend."""
-    assert [(d, r.to) for d, r in chain.resends(_skip_b(chain))] == [("a", ManagerHop(0))]
+    """:func:`_a_reports_then_the_deadline_passes` (direct); a's output (1.0) comes back as the resend."""
+    assert [(d, r.to) for d, r in chain.resends(_a_reports_then_the_deadline_passes(chain))] == [("a", ManagerHop(0))]
     assert chain.frame("a", chain.tasks["a"], 1.0)
 
 
 def test_a_late_member_whose_model_went_on_cancels_the_awaited_resend() -> None:
     # Prepare: b is skipped and a is asked to resend; b's late hand-off reaches c anyway
     chain = Chain("abcd")
-    _skip_b(chain)
+    _a_reports_then_the_deadline_passes(chain)
     chain.report("c")
 
     # Execute: d misses its deadline
@@ -147,7 +148,7 @@ def test_after_a_reconnect_the_manager_sends_the_model_it_holds_to_the_member_af
 def test_after_a_reconnect_a_resend_that_may_be_lost_is_asked_through_the_manager_again() -> None:
     # Prepare: b skipped, a asked to resend; nothing came back yet
     chain = Chain("abc")
-    _skip_b(chain)
+    _a_reports_then_the_deadline_passes(chain)
 
     # Execute
     chain.manager.resend_outstanding(chain.now)
@@ -229,7 +230,7 @@ def test_a_relayed_member_whose_frame_was_lost_is_asked_for_it_once_before_it_is
 def test_only_the_awaited_task_is_taken_as_the_resend() -> None:
     # Prepare: b skipped, a asked to resend
     chain = Chain("abc")
-    _skip_b(chain)
+    _a_reports_then_the_deadline_passes(chain)
 
     # Execute: a frame from a under another task id, then the real resend
     other = chain.frame("a", "not-this-round", 9.0)
@@ -243,10 +244,7 @@ def test_only_the_awaited_task_is_taken_as_the_resend() -> None:
 def test_a_relayed_member_asked_once_in_vain_is_skipped_and_the_next_gets_the_last_good_model() -> None:
     # Prepare: a reports, its frame never comes, nor after it is asked again
     chain = Chain("abc", handoff="relay")
-    chain.take()
-    chain.report("a")
-    chain.deadline()
-    chain.take()
+    _a_reports_then_the_deadline_passes(chain)
 
     # Execute
     chain.deadline()
@@ -262,10 +260,7 @@ def test_a_relayed_member_asked_once_in_vain_is_skipped_and_the_next_gets_the_la
 def test_after_a_reconnect_a_member_asked_for_its_output_is_asked_again_not_sent_its_input() -> None:
     # Prepare: relayed a reported, its frame lost, the manager asked for it
     chain = Chain("abc", handoff="relay")
-    chain.take()
-    chain.report("a")
-    chain.deadline()
-    chain.take()
+    _a_reports_then_the_deadline_passes(chain)
 
     # Execute: the coordinator's connection came back (the request may have been lost)
     chain.manager.resend_outstanding(chain.now)
@@ -298,7 +293,7 @@ def test_a_member_whose_result_was_lost_but_whose_hand_off_went_on_does_not_hold
 def test_after_a_reconnect_the_resend_a_chain_ending_in_a_skip_waits_for_is_asked_again() -> None:
     # Prepare: a reports; b (the last) misses its deadline; a is asked to resend
     chain = Chain("ab")
-    assert [(d, r.to) for d, r in chain.resends(_skip_b(chain))] == [("a", ManagerHop(0))]
+    assert [(d, r.to) for d, r in chain.resends(_a_reports_then_the_deadline_passes(chain))] == [("a", ManagerHop(0))]
 
     # Execute
     chain.manager.resend_outstanding(chain.now)
