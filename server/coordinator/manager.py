@@ -13,10 +13,11 @@ acknowledge its hand-off before sending its ``result`` message is not penalised 
 its successor reports first (the chain advances past every member that reported).
 
 Deadlines. If the member whose turn it is does not report in time it is skipped and
-the chain continues from the last good model (a member that reported but whose model
-never reached the manager is first asked once to send it again): the manager holds it (relay), asks the
+the chain continues from the last good model: the manager holds it (relay), asks the
 last good member to send it again (direct; once, however many silent members follow
-it), or uses the start model (first member). Nothing already trained is thrown away.
+it), or uses the start model (first member). A member that reported but whose model
+never reached the manager is first asked once to send it again. Nothing already
+trained is thrown away.
 
 Parallel mode. Every member trains from the group's start model and returns its model
 to the manager; members that miss the deadline are skipped. The start model is
