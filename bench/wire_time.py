@@ -13,6 +13,14 @@ wire_time_<codec>_round_s = ...``, ``figure wire_time_<codec>_acc = ...`` and
 n/a when either never reached it; ``..._speedup_<codec>`` for the other codecs), then
 a markdown table and, with ``--plots DIR``, ``wire_time.png``.
 
+Bytes on the wire, as the lab's links counted them over all the rounds (every frame:
+payload, MQTT, TCP, IP and Ethernet headers; ``covey field-test`` reads each veth's
+counters at every round's end): ``figure wire_link_bytes_ratio_<codec>_<link> = ...``,
+fp32's bytes over the codec's, for ``devices`` (the boards' links, both ways: what
+their radios would carry), ``server`` (the coordinator's link) and ``broker`` (the
+broker's link, which every message crosses in and out: what mosquitto's ``$SYS``
+byte counters count), and ``figure wire_link_mb_per_round_<codec>_<link> = ...``.
+
 Needs root (network namespaces) and mosquitto.
 
 With FedGSP's paper settings (κ = 0.3, η = 0.01, batch 5) on 8 boards the CNN does
@@ -98,6 +106,14 @@ def main() -> int:
         print(f"figure wire_time_{codec}_acc = {_fmt(100 * r.final_accuracy, '.2f')}")
         print(f"figure wire_time_{codec}_time_to_target_s = {_fmt(seconds[codec])}")
         print(f"figure wire_time_{codec}_round_s = {_fmt(r.mean_round_s, '.2f')}")
+    links = ("devices", "server", "broker")
+    for codec, r in reports.items():
+        for link in links:
+            print(f"figure wire_link_mb_per_round_{codec}_{link} = {_fmt(r.link_mb_per_round(link), '.1f')}")
+    for codec in (c for c in reports if c != BASELINE):
+        for link in links:
+            ratio = reports[BASELINE].link_mb_per_round(link) / reports[codec].link_mb_per_round(link)
+            print(f"figure wire_link_bytes_ratio_{codec}_{link} = {_fmt(ratio, '.2f')}")
     slow = seconds[BASELINE]
     for codec in (c for c in reports if c != BASELINE):  # the issue's figure is int8's; the others carry a suffix
         fast = seconds[codec]
@@ -111,12 +127,14 @@ def main() -> int:
         plot_field({f"{args.strategy} {c}": r for c, r in reports.items()}, path, title=title, target=target)
         print(f"plot {path}")
     print()
-    print("| codec | final acc. (%) | target (%) | rounds to target | time to target (s) | s per round |")
-    print("|---|---|---|---|---|---|")
+    print("| codec | final acc. (%) | target (%) | rounds to target | time to target (s) | s per round "
+          "| MB per round: devices / coordinator / broker |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for codec, r in reports.items():
+        mb = " / ".join(_fmt(r.link_mb_per_round(link), ".0f") for link in links)
         print(
             f"| {codec} | {_fmt(100 * r.final_accuracy)} | {_fmt(100 * target)} | {r.rounds_to_target or 'n/a'} "
-            f"| {_fmt(r.time_to_target_s)} | {_fmt(r.mean_round_s)} |"
+            f"| {_fmt(r.time_to_target_s)} | {_fmt(r.mean_round_s)} | {mb} |"
         )
     return 0
 

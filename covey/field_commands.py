@@ -102,7 +102,7 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     print(f"network namespaces {namespace_prefix(plan)}* (removed at the end)", flush=True)
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _stop)  # the lab's namespaces and processes go also then
-    run_field_test(plan)
+    run = run_field_test(plan)
     doc = json.loads((plan.state_dir / "results.json").read_text())
     site_of = {d.device_id: d.site for d in plan.devices}
     counts = _class_counts(root, {d.device_id: d.writer for d in plan.devices})
@@ -113,6 +113,7 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
         bandwidth_hz=args.link_bandwidth_mhz * 1e6,
         class_counts=counts,  # type: ignore[arg-type]
         target=None if args.target is None else args.target / 100,
+        link_bytes=run.traffic.as_dict(),
     )
     report.process_wall_s = time.perf_counter() - start
     (out / "field.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")

@@ -22,6 +22,9 @@ Needs root (network namespaces) and mosquitto.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import os
 import re
 import shutil
@@ -36,7 +39,7 @@ from pathlib import Path
 
 from device.errors import ConfigError, TransportError
 from server.broker import LOCAL_CONF, local_config_text
-from server.field.netns import PREFIX, Lab, available
+from server.field.netns import PREFIX, Lab, LinkBytes, available
 from server.fleet import REPO
 from server.simulation.topology import Site, Topology, load_topology
 
@@ -74,6 +77,100 @@ class FieldTestPlan:
     @property
     def log_dir(self) -> Path:
         return self.out_dir / "logs"
+
+
+@dataclass(frozen=True)
+class LinkTraffic:
+    """What the lab's links carried in each round, as their veths count it:
+    ``devices`` (every device's link, summed), ``server`` (the coordinator's link) and
+    ``broker`` (the broker's link, which every message crosses twice: in and out).
+    Round 1 counts from the coordinator's start, so it holds registration, the
+    model's download and the link measurement too."""
+
+    devices: tuple[LinkBytes, ...]
+    server: tuple[LinkBytes, ...]
+    broker: tuple[LinkBytes, ...]
+
+    def as_dict(self) -> dict[str, dict[str, list[int]]]:
+        """``{"devices": {"down": [per round], "up": [...]}, "server": ..., "broker": ...}``."""
+        return {
+            role: {"down": [b.down for b in rounds], "up": [b.up for b in rounds]}
+            for role, rounds in (("devices", self.devices), ("server", self.server), ("broker", self.broker))
+        }
+
+
+@dataclass(frozen=True)
+class FieldRun:
+    """A finished field test: the coordinator's wall time and what the links carried."""
+
+    wall_s: float
+    traffic: LinkTraffic
+
+
+class TrafficMeter:
+    """Reads the lab's link counters at the start and each time the coordinator's
+    ``results.json`` records another round (polled every ``interval`` s on its own
+    thread). Rounds recorded between two polls share the bytes between them equally;
+    at a 0.1 s poll against rounds of seconds that does not happen in practice.
+
+    Parameters
+    ----------
+    lab : the running lab.
+    results : the coordinator's ``results.json`` (it is replaced whole on each round).
+    devices : the lab's host names of the devices (the rest: ``server``, ``broker``).
+    """
+
+    def __init__(self, lab: Lab, results: Path, devices: Sequence[str], interval: float = 0.1) -> None:
+        self.lab, self.results, self.devices, self.interval = lab, results, tuple(devices), interval
+        self._seen: tuple[int, int] | None = None
+        self._samples: list[tuple[int, dict[str, LinkBytes]]] = [(self._rounds() or 0, lab.link_bytes())]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="field-traffic", daemon=True)
+        self._thread.start()
+
+    def _rounds(self) -> int | None:
+        """Rounds on record now; None when the file is missing, unchanged or being replaced."""
+        try:
+            st = self.results.stat()
+            if (st.st_mtime_ns, st.st_size) == self._seen:
+                return None
+            rounds = len(json.loads(self.results.read_text()).get("rounds", []))
+        except (OSError, ValueError):
+            return None
+        self._seen = (st.st_mtime_ns, st.st_size)
+        return rounds
+
+    def poll(self) -> None:
+        """Read the counters now if another round is on record (the thread calls this)."""
+        rounds = self._rounds()
+        if rounds is not None and rounds > self._samples[-1][0]:
+            self._samples.append((rounds, self.lab.link_bytes()))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.poll()
+            except TransportError:  # the lab is going away (SIGTERM): what was read stands
+                return
+
+    def stop(self) -> LinkTraffic:
+        """Stop polling (after one last look at the file) and return the rounds' bytes."""
+        self._stop.set()
+        self._thread.join(timeout=30)
+        with contextlib.suppress(TransportError):
+            self.poll()
+        per_round: dict[str, list[LinkBytes]] = {"devices": [], "server": [], "broker": []}
+        for (r0, s0), (r1, s1) in itertools.pairwise(self._samples):
+            delta = {name: s1[name] - s0[name] for name in s1}
+            shares = {
+                "devices": sum((delta[d] for d in self.devices), LinkBytes()),
+                "server": delta["server"],
+                "broker": delta["broker"],
+            }
+            for role, b in shares.items():
+                n = r1 - r0
+                per_round[role] += [LinkBytes(b.down // n, b.up // n)] * n
+        return LinkTraffic(*(tuple(per_round[r]) for r in ("devices", "server", "broker")))
 
 
 def device_ids(topology: Topology) -> list[tuple[str, Site]]:
@@ -160,8 +257,9 @@ def _agent_argv(plan: FieldTestPlan, device: FieldDevice, broker: str) -> list[s
     ]
 
 
-def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> float:
-    """Run the field test of ``plan``; returns the coordinator's wall time in seconds.
+def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
+    """Run the field test of ``plan``; returns the coordinator's wall time in seconds
+    and the bytes each round put on the links (:class:`TrafficMeter`).
 
     The lab (namespaces, processes) is removed on return, also on failure. The
     coordinator's output goes to this process's (``echo``) and to ``logs/server.log``.
@@ -193,16 +291,20 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> float:
         argv = [*(sys.executable, "-m", "covey.cli", "server", "run", "--broker", f"{broker.ip}:{BROKER_PORT}")]
         argv += ["--run", plan.run_id, "--min-devices", str(len(plan.devices)), "--state-dir", str(plan.state_dir)]
         argv += ["--eval-data", str(plan.data_root), "--seed", str(plan.seed), *plan.server_args]
+        meter = TrafficMeter(lab, plan.state_dir / "results.json", [h.name for h in hosts.values()])
         start = time.perf_counter()
-        tail = _run_tee(server.argv(argv), plan.log_dir / "server.log", env, plan.timeout_s, echo)
-        wall = time.perf_counter() - start
+        try:
+            tail = _run_tee(server.argv(argv), plan.log_dir / "server.log", env, plan.timeout_s, echo)
+            wall = time.perf_counter() - start
+        finally:
+            traffic = meter.stop()
     if tail is not None:
         raise TransportError(
             f"the coordinator failed ({_reason(tail)}); its log: {plan.log_dir / 'server.log'}"
             if echo
             else f"the coordinator failed; its last lines ({plan.log_dir / 'server.log'}):\n{tail}"
         )
-    return wall
+    return FieldRun(wall, traffic)
 
 
 def _reason(tail: str) -> str:

@@ -17,6 +17,7 @@ machine can, and why not.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -67,6 +68,21 @@ class Host:
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this host's namespace."""
         return ["ip", "netns", "exec", self.netns, *argv]
+
+
+@dataclass(frozen=True)
+class LinkBytes:
+    """What a host's link carried, as its veth counts it: ``down`` to the host, ``up``
+    from it (whole frames: payload, MQTT, TCP, IP and Ethernet headers, probes)."""
+
+    down: int = 0
+    up: int = 0
+
+    def __add__(self, other: LinkBytes) -> LinkBytes:
+        return LinkBytes(self.down + other.down, self.up + other.up)
+
+    def __sub__(self, other: LinkBytes) -> LinkBytes:
+        return LinkBytes(self.down - other.down, self.up - other.up)
 
 
 @contextlib.contextmanager
@@ -143,6 +159,15 @@ class Lab:
             capture_output=True,
             timeout=30,
         )
+
+    def link_bytes(self) -> dict[str, LinkBytes]:
+        """Every host's link counters so far, by host name: read on the LAN side of its
+        veth, where what the LAN sends is what the host receives."""
+        stats = {e["ifname"]: e["stats64"] for e in json.loads(_ip("-n", self.lan, "-s", "-j", "link", "show").stdout)}
+        return {
+            name: LinkBytes(down=int(stats[h.lan_if]["tx"]["bytes"]), up=int(stats[h.lan_if]["rx"]["bytes"]))
+            for name, h in self.hosts.items()
+        }
 
     def start(
         self,

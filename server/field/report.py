@@ -62,6 +62,16 @@ class FieldReport:
     dsc_primary_site_ari: float = math.nan  # DSC's primary segment on the measured Γ
     rtt_reduction_pct: float = math.nan  # intra-group RTT (topology) below random groups of these sizes
     process_wall_s: float = math.nan
+    # bytes per round on the lab's links, by role ("devices", "server", "broker") and
+    # direction ("down": to the host, "up": from it); round 1 from the coordinator's start
+    link_bytes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+
+    def link_mb_per_round(self, role: str) -> float:
+        """Mean MB per round on ``role``'s links, both ways (NaN when not measured)."""
+        rounds = self.link_bytes.get(role)
+        if not rounds or not rounds["down"]:
+            return math.nan
+        return (sum(rounds["down"]) + sum(rounds["up"])) / len(rounds["down"]) / 1e6
 
     def to_dict(self) -> dict[str, Any]:
         """The report as strict JSON values: NaN (not measured) as ``None``."""
@@ -154,6 +164,7 @@ def build_report(
     bandwidth_hz: float,
     class_counts: Mapping[str, np.ndarray] | None = None,
     target: float | None = None,
+    link_bytes: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
 ) -> FieldReport:
     """The report of one run's ``results.json`` (``doc``) on the topology's sites.
 
@@ -165,6 +176,8 @@ def build_report(
     bandwidth_hz : Shannon's ``B`` for the topology's SNRs (the run's must match).
     class_counts : per device, for DSC's primary segment on the measured Γ (optional).
     target : accuracy to time (fraction), optional.
+    link_bytes : what the links carried per round
+        (:meth:`~server.field.fieldtest.LinkTraffic.as_dict`), optional.
     """
     from sklearn.metrics import adjusted_rand_score
 
@@ -181,6 +194,7 @@ def build_report(
         best_accuracy=max(finite) if finite else math.nan,
         mean_round_s=float(np.mean(wall)) if wall else math.nan,
         target=target,
+        link_bytes={role: {way: list(v) for way, v in ways.items()} for role, ways in (link_bytes or {}).items()},
     )
     if target is not None:
         report.rounds_to_target, report.time_to_target_s = time_to_target(acc, wall, target)
@@ -256,6 +270,12 @@ def format_report(report: FieldReport, results_dir: Path) -> str:
             else "not reached"
         )
         lines.append(f"target {pct(report.target)}: {reached} ({ELAPSED_NOTE})")
+    if report.link_bytes:
+        mb = {role: report.link_mb_per_round(role) for role in ("devices", "server", "broker")}
+        lines.append(
+            f"on the links per round, both ways: devices {mb['devices']:.1f} MB (all together), coordinator "
+            f"{mb['server']:.1f} MB, broker {mb['broker']:.1f} MB (round 1 from the coordinator's start)"
+        )
     if report.sites:
         lines.append("site          devices  Mbit/s  lat ms   Γ topology  Γ measured  RTT topology  RTT measured")
         for s in report.sites:

@@ -71,6 +71,17 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     assert by_site["c"]["measured_rtt_ms"] > by_site["a"]["measured_rtt_ms"], by_site  # the relay's latency shows
     assert report["snr_rank_corr"] > 0.5 and report["rtt_rank_corr"] > 0.5, report
     assert (tmp_path / "field" / "field.png").stat().st_size > 0
+    # what the links carried in the round: every device got a start model and sent its
+    # model back (float32, 4 bytes a weight), and in a star all of it crossed the broker's
+    # link, which carried what the devices and the coordinator sent and received
+    traffic = report["link_bytes"]
+    model = 4 * 433_726  # the FEMNIST MLP, the default model
+    assert all(len(traffic[role][way]) == 1 for role in traffic for way in ("down", "up")), traffic
+    assert traffic["devices"]["down"][0] > 12 * model and traffic["devices"]["up"][0] > 12 * model, traffic
+    for into_broker, out_of_it in (("up", "down"), ("down", "up")):
+        others = traffic["devices"][into_broker][0] + traffic["server"][into_broker][0]
+        assert abs(traffic["broker"][out_of_it][0] / others - 1) < 0.02, traffic
+    assert "on the links per round, both ways: devices" in out
     prefix = re.search(r"network namespaces (\S+)\*", out)
     assert prefix is not None, out[:2000]
     assert not [n for n in leftovers() if n.startswith(prefix.group(1))], leftovers()

@@ -3,6 +3,7 @@ shaped with tbf, and everything the lab made is gone afterwards, even after a fa
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from server.field.fieldtest import TrafficMeter
 from server.field.netns import Lab, available, leftovers
 
 REPO = Path(__file__).resolve().parents[3]
@@ -106,3 +108,51 @@ def test_a_second_interrupt_during_cleanup_still_removes_the_lab(tmp_path) -> No
     # Assert: the cleanup finished first; the interrupt came after it
     assert "closed" in rest and proc.returncode != 0
     assert not [n for n in leftovers() if tag in n], leftovers()
+
+
+SINK = (
+    "import socket\n"
+    "s = socket.create_server(('{ip}', 9000))\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    while c.recv(1 << 16): pass\n"
+    "    c.close()\n"
+)
+SEND = "import socket\nc = socket.create_connection(('{ip}', 9000), timeout=10)\nc.sendall(bytes({n}))\nc.close()\n"
+
+
+def _rounds(path: Path, n: int) -> None:
+    """A coordinator's results.json with ``n`` rounds, replaced whole as the coordinator does."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"rounds": [{"round": k + 1} for k in range(n)]}))
+    tmp.replace(path)
+
+
+def test_the_traffic_meter_puts_each_round_s_bytes_on_the_links_that_carried_them(tmp_path) -> None:
+    with Lab() as lab:
+        # Prepare: a broker host that swallows what it gets, a silent server, two devices
+        broker, _server = lab.add_host("broker"), lab.add_host("server")
+        d1, d2 = lab.add_host("d001"), lab.add_host("d002")
+        lab.start(broker, [sys.executable, "-c", SINK.format(ip=broker.ip)])
+        lab.wait_for_port(d1, broker.ip, 9000)
+        results = tmp_path / "results.json"
+        meter = TrafficMeter(lab, results, ["d001", "d002"], interval=3600)  # polled by hand below
+
+        # Execute: round 1, d001 sends 1 MB; round 2, d002 sends 2 MB
+        for host, n, rnd in ((d1, 1_000_000, 1), (d2, 2_000_000, 2)):
+            sent = lab.run(host, [sys.executable, "-c", SEND.format(ip=broker.ip, n=n)])
+            assert sent.returncode == 0, sent.stderr
+            _rounds(results, rnd)
+            meter.poll()
+        traffic = meter.stop()
+
+    # Assert: the payload and its TCP/IP framing (under 10 %), on the right link and round
+    assert len(traffic.devices) == len(traffic.server) == len(traffic.broker) == 2
+    for rnd, n in enumerate((1_000_000, 2_000_000)):
+        assert n <= traffic.devices[rnd].up < 1.1 * n, traffic
+        assert n <= traffic.broker[rnd].down < 1.1 * n, traffic
+        assert traffic.devices[rnd].down < 0.1 * n  # acknowledgements
+        assert traffic.server[rnd].down + traffic.server[rnd].up < 10_000  # address lookups only
+    as_dict = traffic.as_dict()
+    assert as_dict["devices"]["up"] == [b.up for b in traffic.devices]
+    assert set(as_dict) == {"devices", "server", "broker"}
