@@ -8,9 +8,13 @@ Bytes are the frames the simulator builds for every model it moves
 hand-offs), summed over the run. Prints, per codec and strategy (and model, when more
 than one), means over the seeds of per-seed figures:
 
-* ``wire_bytes_ratio_<codec>_<strategy>``: fp32 bytes / codec bytes (higher is better);
+* ``wire_bytes_ratio_<codec>_<strategy>``: fp32 bytes / codec bytes (higher is better),
+  each frame counted once, as its sender sent it (what an observer on ``covey/#`` sees);
 * ``wire_down_bytes_ratio_…`` / ``wire_up_bytes_ratio_…``: the same for server-to-device
   frames / device-to-anyone frames only;
+* ``wire_radio_bytes_ratio_…``: the same for what the devices' own links carry, where a
+  hand-off from device to device crosses the sender's link and the receiver's (an int8
+  chain's relayed hand-off crosses them once each too, through the coordinator);
 * ``wire_acc_delta_pts_<codec>_<strategy>``: final accuracy, codec minus fp32, in points
   (``wire_acc_delta_sd_pts_…``: its standard deviation over the seeds).
 
@@ -84,11 +88,13 @@ def main() -> None:
                 ratio = [_bytes(r["fp32"], "wire_bytes") / _bytes(r[codec], "wire_bytes") for r in runs]
                 down = [_bytes(r["fp32"], "wire_bytes_down") / _bytes(r[codec], "wire_bytes_down") for r in runs]
                 up = [_bytes(r["fp32"], "wire_bytes_up") / _bytes(r[codec], "wire_bytes_up") for r in runs]
+                radio = [_bytes(r["fp32"], "wire_radio_bytes") / _bytes(r[codec], "wire_radio_bytes") for r in runs]
                 acc = [(r[codec].final_accuracy - r["fp32"].final_accuracy) * 100 for r in runs]
                 print(f"# {name}: accuracy delta per seed {', '.join(f'{a:+.2f}' for a in acc)}", flush=True)
                 figure(f"wire_bytes_ratio_{name}", float(np.mean(ratio)))
                 figure(f"wire_down_bytes_ratio_{name}", float(np.mean(down)))
                 figure(f"wire_up_bytes_ratio_{name}", float(np.mean(up)))
+                figure(f"wire_radio_bytes_ratio_{name}", float(np.mean(radio)))
                 figure(f"wire_acc_delta_pts_{name}", float(np.mean(acc)))
                 figure(f"wire_acc_delta_sd_pts_{name}", float(np.std(acc, ddof=1)) if len(acc) > 1 else 0.0)
 

@@ -118,6 +118,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             line += f" (the paper reports {paper:.1f} %)"
     if result.links is not None:
         line += f"; modelled time on {cfg.topology}: {result.summary['modelled_s']:.1f} s"
+    if "wire_bytes_per_round" in result.summary:
+        sent, radio = (float(result.summary[k]) / 1e6 for k in ("wire_bytes_per_round", "wire_radio_bytes_per_round"))  # type: ignore[arg-type]
+        line += f"; {cfg.codec} models: {sent:.2f} MB sent per round ({radio:.2f} MB on the devices' links)"
     print(line)
     print("wrote " + ", ".join(str(p) for p in paths.values()))
     return 0

@@ -53,6 +53,9 @@ def summary(records: Sequence[RoundRecord], target: float | None = None) -> dict
     if wire:  # measured model frames (the simulator counts them)
         out["wire_bytes"] = float(sum(wire))
         out["wire_bytes_per_round"] = float(np.mean(wire))
+        radio = [r.extra.get("wire_radio_bytes", r.extra["wire_bytes"]) for r in records if "wire_bytes" in r.extra]
+        out["wire_radio_bytes"] = float(sum(radio))
+        out["wire_radio_bytes_per_round"] = float(np.mean(radio))
     if target is not None:
         out["target"] = target
         reached = next((rnd for rnd, v in points if v >= target), None)

@@ -60,9 +60,10 @@ class EvalJob:
 class RoundStats:
     """What a backend observed besides results: hand-off modes used, messages it
     dropped (by reason) and, of those, the ones from each registered device, and the
-    bytes of the model frames that moved (``"down"``: to devices, ``"up"``: from
-    them, hand-offs included; empty when the backend does not count), since the last
-    call."""
+    bytes of the model frames that moved (``"down"``: from the server to devices,
+    ``"up"``: from devices, hand-offs included, ``"peer"``: the hand-offs a device
+    received from another, which cross the sender's link and then the receiver's; empty
+    when the backend does not count), since the last call."""
 
     handoff: dict[str, int] = field(default_factory=dict)
     dropped: dict[str, int] = field(default_factory=dict)
@@ -116,8 +117,11 @@ class RoundRecord:
     test set, weighted by test samples (NaN on rounds without federated evaluation).
     ``server_*``: the global model on the server's held-out set (NaN without one).
     ``bytes``, ``t_comp_s``, ``t_comm_s`` are modelled (FedGSP Eq. 15-17); ``wall_s``
-    is measured; ``extra["wire_bytes"]`` (with ``_down`` and ``_up``), when the
-    backend counts them, are the bytes of the model frames that moved. ``trained``:
+    is measured; ``extra["wire_bytes"]`` (with ``_down``, ``_up`` and ``_peer``), when the
+    backend counts them, are the bytes of the model frames that moved, each counted
+    once as its sender sent it (what an observer on ``covey/#`` sees), and
+    ``extra["wire_radio_bytes"]`` what the devices' own links carried (a hand-off from
+    device to device counted on both). ``trained``:
     members that returned a result; ``dropped``: what was refused, by reason
     (malformed or stale messages, admission, ``"screened: update norm"``);
     ``rejected``: per registered device, how many of its messages and updates were
@@ -295,7 +299,9 @@ class RoundDriver:
         extra.update(summary.extra)
         if stats.wire_bytes:  # measured frames, beside the modelled ``bytes``
             extra.update({f"wire_bytes_{k}": float(v) for k, v in stats.wire_bytes.items()})
-            extra["wire_bytes"] = float(sum(stats.wire_bytes.values()))
+            sent = stats.wire_bytes.get("down", 0) + stats.wire_bytes.get("up", 0)
+            extra["wire_bytes"] = float(sent)
+            extra["wire_radio_bytes"] = float(sent + stats.wire_bytes.get("peer", 0))
         dropped, rejected = dict(stats.dropped), dict(stats.rejected)
         if self._rejections:
             for r in self._rejections:

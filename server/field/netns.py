@@ -163,11 +163,15 @@ class Lab:
     def link_bytes(self) -> dict[str, LinkBytes]:
         """Every host's link counters so far, by host name: read on the LAN side of its
         veth, where what the LAN sends is what the host receives."""
-        stats = {e["ifname"]: e["stats64"] for e in json.loads(_ip("-n", self.lan, "-s", "-j", "link", "show").stdout)}
-        return {
-            name: LinkBytes(down=int(stats[h.lan_if]["tx"]["bytes"]), up=int(stats[h.lan_if]["rx"]["bytes"]))
-            for name, h in self.hosts.items()
-        }
+        listing = _ip("-n", self.lan, "-s", "-j", "link", "show").stdout
+        try:
+            stats = {e["ifname"]: e["stats64"] for e in json.loads(listing)}
+            return {
+                name: LinkBytes(down=int(stats[h.lan_if]["tx"]["bytes"]), up=int(stats[h.lan_if]["rx"]["bytes"]))
+                for name, h in self.hosts.items()
+            }
+        except (ValueError, KeyError, TypeError) as e:  # an iproute2 without -j, or a link gone
+            raise TransportError(f"cannot read the lab's link counters ({e!r}): {listing[:200]!r}") from e
 
     def start(
         self,

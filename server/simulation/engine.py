@@ -20,8 +20,10 @@ received, with each device's error feedback, added to the float32 start model), 
 hand-offs in the downlink codec, except in delta runs, where they are relayed through the manager as
 the coordinator relays them with its default hand-off mode (``handoff``,
 :meth:`VirtualDevices._relayed_chains`). Each round's
-record holds the bytes of the frames that carried them
-(``wire_bytes``, ``wire_bytes_down``, ``wire_bytes_up`` in ``extra``;
+record holds the bytes of the frames that carried them (``wire_bytes``: each frame once,
+as sent, with ``wire_bytes_down``, ``wire_bytes_up`` and ``wire_bytes_peer`` in ``extra``,
+and ``wire_radio_bytes``: what the devices' links carried, where a direct hand-off
+counts on the sender's link and the receiver's; :class:`~server.rounds.RoundStats`,
 :mod:`server.simulation.wire`).
 """
 
@@ -143,7 +145,7 @@ class VirtualDevices:
         self.downlinks = DownlinkModels(
             downlink_codec(codec), deltas=bits is not None, bits=bits or 8, first=first_codec(codec)
         )
-        self._wire = {"down": 0, "up": 0}
+        self._wire = {"down": 0, "up": 0, "peer": 0}
         self.federation = federation
         self.ids = sorted(federation)
         self.model_path = str(model_path)
@@ -243,6 +245,7 @@ class VirtualDevices:
             if g.mode == "chain":
                 o = by_chain[g.group_id]
                 self._wire["up"] += o.wire_bytes
+                self._wire["peer"] += o.handed_on
                 results.append(GroupResult(g.group_id, o.members, o.final_weights, silent))
             else:
                 results.append(
@@ -271,7 +274,7 @@ class VirtualDevices:
         that float32 output. Runs of different chains train side by side, in waves."""
         models = {g.group_id: plan.models[g.start_model] for g in groups}
         members: dict[int, list[MemberResult]] = {g.group_id: [] for g in groups}
-        sent = dict.fromkeys(models, 0)
+        sent, handed_on = dict.fromkeys(models, 0), dict.fromkeys(models, 0)
         runs = {g.group_id: answering_runs(g.members, set(self._answers(g.members))) for g in groups}
         for g in groups:
             if runs[g.group_id]:
@@ -291,6 +294,7 @@ class VirtualDevices:
                 members[g.group_id] += out.members
                 resent = frame_bytes(out.final_weights, "raw") if r.silent_after else 0
                 sent[g.group_id] += out.wire_bytes + resent
+                handed_on[g.group_id] += out.handed_on
                 models[g.group_id] = out.final_weights
                 following = runs[g.group_id][wave + 1].members[:1] if wave + 1 < len(runs[g.group_id]) else ()
                 forwarded_to = [*r.silent_after[1:], *following]
@@ -299,7 +303,10 @@ class VirtualDevices:
                     if following:
                         models[g.group_id] = forwarded[-1]
             wave += 1
-        return [ChainOutcome(models[g.group_id], tuple(members[g.group_id]), sent[g.group_id]) for g in groups]
+        return [
+            ChainOutcome(models[g.group_id], tuple(members[g.group_id]), sent[g.group_id], handed_on[g.group_id])
+            for g in groups
+        ]
 
     def _relayed_chains(
         self, plan: RoundPlan, groups: Sequence[GroupPlan], settings: LocalTraining, seed: int, up: FrameCodec
@@ -344,9 +351,9 @@ class VirtualDevices:
     def _download(self, group: int, devices: Sequence[str], weights: np.ndarray, rnd: int) -> list[np.ndarray]:
         """The start model as each of ``devices`` decodes it (a downlink delta against the
         model it holds in ``int8`` runs, ``server/downlink.py``); counted on the wire for
-        each device that answers. The count is what the devices' radios carry: a silent
-        board receives nothing, while a hand-off sent *to* a silent successor left its
-        sender's radio and counts (:meth:`_direct_chains`)."""
+        each device that answers, which gets its own frame. A silent board is counted as
+        gone (nothing reaches it), while a hand-off sent *to* a silent successor left its
+        sender and counts as sent (``up``), not as received (``peer``; :meth:`_direct_chains`)."""
         task = f"r{rnd}-g{group}"
         received = []
         for device, down in zip(devices, self.downlinks.encode_all(devices, weights), strict=True):
@@ -427,7 +434,7 @@ class VirtualDevices:
         return self._distance
 
     def round_stats(self) -> RoundStats:
-        wire, self._wire = self._wire, {"down": 0, "up": 0}
+        wire, self._wire = self._wire, {"down": 0, "up": 0, "peer": 0}
         return RoundStats(wire_bytes=wire)
 
     def close(self) -> None:

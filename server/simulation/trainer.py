@@ -31,6 +31,7 @@ class ChainOutcome:
     final_weights: np.ndarray
     members: tuple[MemberResult, ...]
     wire_bytes: int = 0  # the hand-offs' frames (the last one: to the manager)
+    handed_on: int = 0  # of those, the frames the next member received
 
 
 class Trainer:
@@ -63,17 +64,19 @@ class Trainer:
         counted, sent to the silent successor)."""
         current = weights
         out = []
-        sent = 0
+        sent = handed_on = 0
         for i, c in enumerate(members):
             res = train_locally(
                 self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
             )
             trained = self.faults.poisoned(c, current, res.weights)
             payload = encode_float(trained, codec)
-            sent += frame_bytes(payload, codec)
+            size = frame_bytes(payload, codec)
+            sent += size
+            handed_on += size if i < len(members) - 1 else 0
             current = trained if resend and i == len(members) - 1 else decode(payload, codec)
             out.append(MemberResult(c, res.n_samples, res.loss))
-        return ChainOutcome(current, tuple(out), sent)
+        return ChainOutcome(current, tuple(out), sent, handed_on)
 
     def parallel(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> MemberResult:
         res = train_locally(

@@ -126,7 +126,15 @@ def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:
     assert {"federated_accuracy", "median_cpd", "bytes", "t_comp_s", "t_comm_s"} <= set(result["rounds"][0])
     assert (tmp_path / "fedgsp_synthetic_seed0.png").stat().st_size > 10_000
     assert (tmp_path / "fedgsp_synthetic_seed0.csv").read_text().startswith("round,")
-    assert "best accuracy" in capsys.readouterr().out
+    # the model frames: each once as sent, and on the devices' links, where a chain's
+    # device-to-device hand-off crosses the sender's link and the receiver's
+    first = result["rounds"][0]["extra"]
+    assert first["wire_bytes"] == first["wire_bytes_down"] + first["wire_bytes_up"]
+    assert first["wire_radio_bytes"] == first["wire_bytes"] + first["wire_bytes_peer"] > first["wire_bytes"]
+    out = capsys.readouterr().out
+    assert "best accuracy" in out
+    per_round = sum(r["extra"]["wire_bytes"] for r in result["rounds"]) / 3 / 1e6
+    assert f"fp32 models: {per_round:.2f} MB sent per round" in out, out
 
 
 def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> None:

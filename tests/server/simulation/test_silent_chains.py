@@ -80,9 +80,11 @@ def _frame_to_manager(manager: GroupManager, device: str, task: str, payload: np
 
 def _board_round(
     boards: Boards, members: tuple[str, ...], rnd: int, start: np.ndarray, codec: WireCodec, downlinks
-) -> tuple[np.ndarray, int, int]:  # type: ignore[no-untyped-def]
+) -> tuple[np.ndarray, int, dict[str, int]]:  # type: ignore[no-untyped-def]
     """One round of a direct chain as the coordinator runs it: its model, the resends,
-    and the bytes of the frames the boards sent."""
+    and the bytes of the model frames: the boards sent (``up``), the manager sent to
+    boards that answer (``down``), and boards received from their predecessors
+    (``peer``)."""
     topics, outbox = Topics("r"), []
     manager = GroupManager(
         GroupPlan(0, members, "chain", "m"),
@@ -103,7 +105,8 @@ def _board_round(
     requests: dict[str, TrainRequest] = {}
     arrived: dict[str, np.ndarray] = {}  # each board's start model, once it came
     outputs: dict[str, np.ndarray] = {}
-    resends, sent, now = 0, 0, 0.0
+    resends, now = 0, 0.0
+    wire = {"up": 0, "down": 0, "peer": 0}
     manager.start(now)
     while not manager.done:
         progressed = bool(outbox)
@@ -118,7 +121,7 @@ def _board_round(
                     resends += 1
                     if device not in boards.silent:  # the held output, as float32
                         _frame_to_manager(manager, device, body.task_id, outputs[device], "raw")
-                        sent += frame_bytes(outputs[device], "raw")
+                        wire["up"] += frame_bytes(outputs[device], "raw")
                 continue
             payload = Reassembler().add(data)
             assert payload is not None
@@ -128,6 +131,7 @@ def _board_round(
             boards.held[device] = {h.sha256: model}
             if device not in boards.silent:
                 arrived[device] = model
+                wire["down"] += frame_bytes(payload.array, h.codec)
         for device in members:
             if device in boards.silent or device in outputs or device not in arrived or device not in requests:
                 continue
@@ -137,10 +141,11 @@ def _board_round(
             outputs[device] = result.weights
             # in the codec the request names, as the agent does (device/tasks.py)
             payload, codec_used = encode_output(result.weights, arrived[device], request.codec, ErrorFeedback())
-            sent += frame_bytes(payload, codec_used)
+            wire["up"] += frame_bytes(payload, codec_used)
             if isinstance(request.next, DeviceHop):  # straight to the successor
                 if request.next.device not in boards.silent:
                     arrived[request.next.device] = decode(payload, codec_used)
+                    wire["peer"] += frame_bytes(payload, codec_used)
             else:
                 _frame_to_manager(manager, device, request.task_id, payload, codec_used)
             manager.on_result(
@@ -151,7 +156,7 @@ def _board_round(
             now += DEADLINE_S + 1
             manager.tick(now)
     assert manager.final is not None
-    return manager.final, resends, sent
+    return manager.final, resends, wire
 
 
 @pytest.mark.parametrize("codec", ["fp16", "int8"])
@@ -183,14 +188,15 @@ def test_every_pattern_of_silent_members_gives_the_coordinators_models(zoo_model
             assert result.final_weights is not None
 
             # Assert: the same model, the same bases held, one resend per run of silent members,
-            # and the simulator counts the frames the boards sent
+            # and the simulator counts the frames the boards and the manager sent, and the
+            # hand-offs the boards received
             where = f"{codec}, silent {sorted(silent)}, round {rnd}"
             np.testing.assert_array_equal(board_final, result.final_weights, err_msg=where)
             if downlinks is not None:
                 assert {d: downlinks.base_of(d) for d in names} == {d: sim.downlinks.base_of(d) for d in names}, where
             runs = answering_runs(members, set(members) - silent)
             assert resends == sum(1 for r in runs if r.silent_after), where
-            assert sim.round_stats().wire_bytes["up"] == board_bytes, where
+            assert sim.round_stats().wire_bytes == board_bytes, where
             assert {m.client_id for m in result.members} == set(members) - silent, where
             board_start = board_final + np.float32(0.01)
             sim_start = result.final_weights + np.float32(0.01)
