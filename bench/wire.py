@@ -9,7 +9,7 @@ hand-offs), summed over the run. Prints, per codec and strategy (and model, when
 than one), means over the seeds of per-seed figures:
 
 * ``wire_bytes_ratio_<codec>_<strategy>``: fp32 bytes / codec bytes (higher is better),
-  each frame counted once, as its sender sent it (what an observer on ``covey/#`` sees);
+  each frame counted once as sent (a server's start model once per device that gets it);
 * ``wire_down_bytes_ratio_…`` / ``wire_up_bytes_ratio_…``: the same for server-to-device
   frames / device-to-anyone frames only;
 * ``wire_radio_bytes_ratio_…``: the same for what the devices' own links carry, where a

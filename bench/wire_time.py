@@ -13,13 +13,15 @@ wire_time_<codec>_round_s = ...``, ``figure wire_time_<codec>_acc = ...`` and
 n/a when either never reached it; ``..._speedup_<codec>`` for the other codecs), then
 a markdown table and, with ``--plots DIR``, ``wire_time.png``.
 
-Bytes on the wire, as the lab's links counted them over all the rounds (every frame:
-payload, MQTT, TCP, IP and Ethernet headers; ``covey field-test`` reads each veth's
-counters at every round's end): ``figure wire_link_bytes_ratio_<codec>_<link> = ...``,
-fp32's bytes over the codec's, for ``devices`` (the boards' links, both ways: what
-their radios would carry), ``server`` (the coordinator's link) and ``broker`` (the
-broker's link, which every message crosses in and out: what mosquitto's ``$SYS``
-byte counters count), and ``figure wire_link_mb_per_round_<codec>_<link> = ...``.
+Bytes on the wire, as the lab's links counted them (every frame: payload, MQTT, TCP,
+IP and Ethernet headers; ``covey field-test`` reads each veth's counters at every
+round's end): ``figure wire_link_mb_per_round_<codec>_<link> = ...``, the mean over the
+rounds (round 1 includes registration), and ``figure wire_link_bytes_ratio_<codec>_<link>
+= ...``, fp32's mean over the codec's (every codec runs ``--rounds``), for ``devices``
+(the boards' links, both ways: what their radios would carry), ``coordinator`` (its
+host's link) and ``broker`` (the broker's link, which every message crosses in and
+out: what mosquitto's ``$SYS`` byte counters count, plus the TCP, IP and Ethernet
+headers).
 
 Needs root (network namespaces) and mosquitto.
 
@@ -106,7 +108,7 @@ def main() -> int:
         print(f"figure wire_time_{codec}_acc = {_fmt(100 * r.final_accuracy, '.2f')}")
         print(f"figure wire_time_{codec}_time_to_target_s = {_fmt(seconds[codec])}")
         print(f"figure wire_time_{codec}_round_s = {_fmt(r.mean_round_s, '.2f')}")
-    links = ("devices", "server", "broker")
+    links = ("devices", "coordinator", "broker")
     for codec, r in reports.items():
         for link in links:
             print(f"figure wire_link_mb_per_round_{codec}_{link} = {_fmt(r.link_mb_per_round(link), '.1f')}")

@@ -117,11 +117,11 @@ class RoundRecord:
     test set, weighted by test samples (NaN on rounds without federated evaluation).
     ``server_*``: the global model on the server's held-out set (NaN without one).
     ``bytes``, ``t_comp_s``, ``t_comm_s`` are modelled (FedGSP Eq. 15-17); ``wall_s``
-    is measured; ``extra["wire_bytes"]`` (with ``_down``, ``_up`` and ``_peer``), when the
-    backend counts them, are the bytes of the model frames that moved, each counted
-    once as its sender sent it (what an observer on ``covey/#`` sees), and
-    ``extra["wire_radio_bytes"]`` what the devices' own links carried (a hand-off from
-    device to device counted on both). ``trained``:
+    is measured. When the backend counts them, ``extra["wire_bytes"]`` is the bytes of
+    the model frames that moved, each counted once as sent (``_down``: the server's, one
+    per device that answers; ``_up``: the devices'), and ``extra["wire_radio_bytes"]``
+    what the devices' own links carried: that, plus the hand-offs a device received
+    from another (``_peer``, frames already counted in ``_up`` by their sender). ``trained``:
     members that returned a result; ``dropped``: what was refused, by reason
     (malformed or stale messages, admission, ``"screened: update norm"``);
     ``rejected``: per registered device, how many of its messages and updates were

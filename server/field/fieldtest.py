@@ -15,8 +15,9 @@ device of the topology, each on its own host of a :class:`~server.field.netns.La
   coordinator measures (docs/links.md).
 
 :func:`plan_field_test` checks every setting before anything is created;
-:func:`run_field_test` runs the test and returns where the coordinator wrote its
-results. :mod:`server.field.report` reads them back against the topology.
+:func:`run_field_test` runs the test and returns its wall time and what each round
+put on the links (:class:`TrafficMeter`); :mod:`server.field.report` reads the
+coordinator's results back against the topology.
 Needs root (network namespaces) and mosquitto.
 """
 
@@ -82,20 +83,25 @@ class FieldTestPlan:
 @dataclass(frozen=True)
 class LinkTraffic:
     """What the lab's links carried in each round, as their veths count it:
-    ``devices`` (every device's link, summed), ``server`` (the coordinator's link) and
+    ``devices`` (every device's link, summed), ``coordinator`` (its host's link) and
     ``broker`` (the broker's link, which every message crosses twice: in and out).
     Round 1 counts from the coordinator's start, so it holds registration, the
-    model's download and the link measurement too."""
+    model's download and the link measurement too. Empty when the counters could not
+    be read (``error`` says why)."""
 
-    devices: tuple[LinkBytes, ...]
-    server: tuple[LinkBytes, ...]
-    broker: tuple[LinkBytes, ...]
+    devices: tuple[LinkBytes, ...] = ()
+    coordinator: tuple[LinkBytes, ...] = ()
+    broker: tuple[LinkBytes, ...] = ()
+    error: str = ""
 
     def as_dict(self) -> dict[str, dict[str, list[int]]]:
-        """``{"devices": {"down": [per round], "up": [...]}, "server": ..., "broker": ...}``."""
+        """``{"devices": {"down": [per round], "up": [...]}, "coordinator": ..., "broker": ...}``;
+        ``{}`` when nothing was measured."""
+        if not self.devices:
+            return {}
         return {
             role: {"down": [b.down for b in rounds], "up": [b.up for b in rounds]}
-            for role, rounds in (("devices", self.devices), ("server", self.server), ("broker", self.broker))
+            for role, rounds in (("devices", self.devices), ("coordinator", self.coordinator), ("broker", self.broker))
         }
 
 
@@ -107,11 +113,20 @@ class FieldRun:
     traffic: LinkTraffic
 
 
+_LAB_FAILURES = (TransportError, OSError, subprocess.SubprocessError)  # `ip` failed, hung or is gone
+
+
 class TrafficMeter:
     """Reads the lab's link counters at the start and each time the coordinator's
     ``results.json`` records another round (polled every ``interval`` s on its own
     thread). Rounds recorded between two polls share the bytes between them equally;
     at a 0.1 s poll against rounds of seconds that does not happen in practice.
+
+    The count starts at zero rounds whatever ``results.json`` holds at the start: a
+    field test's coordinator starts afresh and replaces the file of an earlier test in
+    the same folder, which is never read. When the counters cannot be read (an
+    ``iproute2`` without JSON output), the meter measures nothing and says why in
+    :attr:`LinkTraffic.error`; the field test goes on.
 
     Parameters
     ----------
@@ -123,10 +138,24 @@ class TrafficMeter:
     def __init__(self, lab: Lab, results: Path, devices: Sequence[str], interval: float = 0.1) -> None:
         self.lab, self.results, self.devices, self.interval = lab, results, tuple(devices), interval
         self._seen: tuple[int, int] | None = None
-        self._samples: list[tuple[int, dict[str, LinkBytes]]] = [(self._rounds() or 0, lab.link_bytes())]
+        self._rounds()  # an earlier test's file: seen, not counted
+        self._lock = threading.Lock()  # the thread's polls and stop()'s last one
+        self._samples: list[tuple[int, dict[str, LinkBytes]]] = []
+        self.error = ""
+        try:
+            self._samples.append((0, lab.link_bytes()))
+        except _LAB_FAILURES as e:
+            self.error = f"the lab's link counters could not be read: {e}"
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="field-traffic", daemon=True)
-        self._thread.start()
+        if self._samples:
+            self._thread.start()
+
+    @property
+    def rounds_measured(self) -> int:
+        """Rounds whose bytes have been read so far."""
+        with self._lock:
+            return self._samples[-1][0] if self._samples else 0
 
     def _rounds(self) -> int | None:
         """Rounds on record now; None when the file is missing, unchanged or being replaced."""
@@ -142,35 +171,47 @@ class TrafficMeter:
 
     def poll(self) -> None:
         """Read the counters now if another round is on record (the thread calls this)."""
-        rounds = self._rounds()
-        if rounds is not None and rounds > self._samples[-1][0]:
-            self._samples.append((rounds, self.lab.link_bytes()))
+        with self._lock:
+            if not self._samples:
+                return
+            rounds = self._rounds()
+            if rounds is not None and rounds > self._samples[-1][0]:
+                self._samples.append((rounds, self.lab.link_bytes()))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
                 self.poll()
-            except TransportError:  # the lab is going away (SIGTERM): what was read stands
+            except _LAB_FAILURES as e:  # the lab is going away (SIGTERM): what was read stands
+                self.error = f"the lab's link counters stopped: {e}"
                 return
 
     def stop(self) -> LinkTraffic:
         """Stop polling (after one last look at the file) and return the rounds' bytes."""
         self._stop.set()
-        self._thread.join(timeout=30)
-        with contextlib.suppress(TransportError):
+        if self._thread.is_alive():
+            self._thread.join(timeout=60)
+        with contextlib.suppress(*_LAB_FAILURES):
             self.poll()
-        per_round: dict[str, list[LinkBytes]] = {"devices": [], "server": [], "broker": []}
-        for (r0, s0), (r1, s1) in itertools.pairwise(self._samples):
+        per_round: dict[str, list[LinkBytes]] = {"devices": [], "coordinator": [], "broker": []}
+        with self._lock:
+            samples = list(self._samples)
+        for (r0, s0), (r1, s1) in itertools.pairwise(samples):
             delta = {name: s1[name] - s0[name] for name in s1}
             shares = {
                 "devices": sum((delta[d] for d in self.devices), LinkBytes()),
-                "server": delta["server"],
+                "coordinator": delta["server"],
                 "broker": delta["broker"],
             }
+            n = r1 - r0  # > 0: a sample is taken only for more rounds than the last
             for role, b in shares.items():
-                n = r1 - r0
                 per_round[role] += [LinkBytes(b.down // n, b.up // n)] * n
-        return LinkTraffic(*(tuple(per_round[r]) for r in ("devices", "server", "broker")))
+        return LinkTraffic(
+            devices=tuple(per_round["devices"]),
+            coordinator=tuple(per_round["coordinator"]),
+            broker=tuple(per_round["broker"]),
+            error=self.error,
+        )
 
 
 def device_ids(topology: Topology) -> list[tuple[str, Site]]:
@@ -298,6 +339,8 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
             wall = time.perf_counter() - start
         finally:
             traffic = meter.stop()
+    if traffic.error and echo:
+        print(f"note: {traffic.error}; the report has no bytes per link", flush=True)
     if tail is not None:
         raise TransportError(
             f"the coordinator failed ({_reason(tail)}); its log: {plan.log_dir / 'server.log'}"

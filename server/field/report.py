@@ -62,7 +62,7 @@ class FieldReport:
     dsc_primary_site_ari: float = math.nan  # DSC's primary segment on the measured Γ
     rtt_reduction_pct: float = math.nan  # intra-group RTT (topology) below random groups of these sizes
     process_wall_s: float = math.nan
-    # bytes per round on the lab's links, by role ("devices", "server", "broker") and
+    # bytes per round on the lab's links, by role ("devices", "coordinator", "broker") and
     # direction ("down": to the host, "up": from it); round 1 from the coordinator's start
     link_bytes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
@@ -194,8 +194,10 @@ def build_report(
         best_accuracy=max(finite) if finite else math.nan,
         mean_round_s=float(np.mean(wall)) if wall else math.nan,
         target=target,
-        link_bytes={role: {way: list(v) for way, v in ways.items()} for role, ways in (link_bytes or {}).items()},
     )
+    per_link = {role: {way: list(v) for way, v in ways.items()} for role, ways in (link_bytes or {}).items()}
+    if per_link and all(len(v) == len(rounds) for ways in per_link.values() for v in ways.values()):
+        report.link_bytes = per_link  # one entry per round on record, or none
     if target is not None:
         report.rounds_to_target, report.time_to_target_s = time_to_target(acc, wall, target)
     ids = sorted(site_of)
@@ -271,10 +273,10 @@ def format_report(report: FieldReport, results_dir: Path) -> str:
         )
         lines.append(f"target {pct(report.target)}: {reached} ({ELAPSED_NOTE})")
     if report.link_bytes:
-        mb = {role: report.link_mb_per_round(role) for role in ("devices", "server", "broker")}
+        mb = {role: report.link_mb_per_round(role) for role in ("devices", "coordinator", "broker")}
         lines.append(
             f"on the links per round, both ways: devices {mb['devices']:.1f} MB (all together), coordinator "
-            f"{mb['server']:.1f} MB, broker {mb['broker']:.1f} MB (round 1 from the coordinator's start)"
+            f"{mb['coordinator']:.1f} MB, broker {mb['broker']:.1f} MB (round 1 from the coordinator's start)"
         )
     if report.sites:
         lines.append("site          devices  Mbit/s  lat ms   Γ topology  Γ measured  RTT topology  RTT measured")

@@ -21,9 +21,9 @@ hand-offs in the downlink codec, except in delta runs, where they are relayed th
 the coordinator relays them with its default hand-off mode (``handoff``,
 :meth:`VirtualDevices._relayed_chains`). Each round's
 record holds the bytes of the frames that carried them (``wire_bytes``: each frame once,
-as sent, with ``wire_bytes_down``, ``wire_bytes_up`` and ``wire_bytes_peer`` in ``extra``,
-and ``wire_radio_bytes``: what the devices' links carried, where a direct hand-off
-counts on the sender's link and the receiver's; :class:`~server.rounds.RoundStats`,
+as sent, the sum of ``wire_bytes_down`` and ``wire_bytes_up``; ``wire_radio_bytes``: what
+the devices' links carried, where a direct hand-off counts on the sender's link and,
+as ``wire_bytes_peer``, on the receiver's; :class:`~server.rounds.RoundStats`,
 :mod:`server.simulation.wire`).
 """
 
@@ -206,6 +206,16 @@ class VirtualDevices:
             return False
         return self.handoff in ("auto", "relay") or (self.handoff == "mixed" and index % 2 == 1)
 
+    def _relayed_on_boards(self, index: int) -> bool:
+        """Whether the coordinator relays the hand-offs of the group at ``index`` through
+        its manager whatever the codec (``handoff`` ``relay``, or ``mixed`` at odd
+        positions; ``server/coordinator/execution.py``). Outside delta runs this
+        simulator runs them as direct hand-offs, which give the same models, and counts
+        what the next member received as the manager's frame (``down``) instead of a
+        device's (``peer``). ``auto`` also relays groups with a slow device, which only
+        the coordinator measures."""
+        return self.handoff == "relay" or (self.handoff == "mixed" and index % 2 == 1)
+
     def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
         settings = plan.train.to_wire()
         down, up = downlink_codec(self.codec), upload_codec(self.codec)
@@ -240,12 +250,12 @@ class VirtualDevices:
             by_member[c] = member
             self._wire["up"] += sent
         results = []
-        for g in plan.groups:
+        for index, g in enumerate(plan.groups):
             silent = tuple(c for c in g.members if c in self.faults.unresponsive)  # skipped, as on boards
             if g.mode == "chain":
                 o = by_chain[g.group_id]
                 self._wire["up"] += o.wire_bytes
-                self._wire["peer"] += o.handed_on
+                self._wire["down" if self._relayed_on_boards(index) else "peer"] += o.handed_on
                 results.append(GroupResult(g.group_id, o.members, o.final_weights, silent))
             else:
                 results.append(

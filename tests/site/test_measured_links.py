@@ -79,7 +79,7 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     assert all(len(traffic[role][way]) == 1 for role in traffic for way in ("down", "up")), traffic
     assert traffic["devices"]["down"][0] > 12 * model and traffic["devices"]["up"][0] > 12 * model, traffic
     for into_broker, out_of_it in (("up", "down"), ("down", "up")):
-        others = traffic["devices"][into_broker][0] + traffic["server"][into_broker][0]
+        others = traffic["devices"][into_broker][0] + traffic["coordinator"][into_broker][0]
         assert abs(traffic["broker"][out_of_it][0] / others - 1) < 0.02, traffic
     assert "on the links per round, both ways: devices" in out
     prefix = re.search(r"network namespaces (\S+)\*", out)

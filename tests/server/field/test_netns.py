@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -147,12 +148,37 @@ def test_the_traffic_meter_puts_each_round_s_bytes_on_the_links_that_carried_the
         traffic = meter.stop()
 
     # Assert: the payload and its TCP/IP framing (under 10 %), on the right link and round
-    assert len(traffic.devices) == len(traffic.server) == len(traffic.broker) == 2
+    assert len(traffic.devices) == len(traffic.coordinator) == len(traffic.broker) == 2
     for rnd, n in enumerate((1_000_000, 2_000_000)):
         assert n <= traffic.devices[rnd].up < 1.1 * n, traffic
         assert n <= traffic.broker[rnd].down < 1.1 * n, traffic
         assert traffic.devices[rnd].down < 0.1 * n  # acknowledgements
-        assert traffic.server[rnd].down + traffic.server[rnd].up < 10_000  # address lookups only
+        assert traffic.coordinator[rnd].down + traffic.coordinator[rnd].up < 10_000  # address lookups only
     as_dict = traffic.as_dict()
     assert as_dict["devices"]["up"] == [b.up for b in traffic.devices]
-    assert set(as_dict) == {"devices", "server", "broker"}
+    assert set(as_dict) == {"devices", "coordinator", "broker"}
+
+
+def test_the_traffic_meter_counts_the_new_test_s_rounds_and_not_an_earlier_test_s(tmp_path) -> None:
+    with Lab() as lab:
+        # Prepare: an earlier test's results.json with 5 rounds in the same folder
+        broker, _server, d1 = lab.add_host("broker"), lab.add_host("server"), lab.add_host("d001")
+        lab.start(broker, [sys.executable, "-c", SINK.format(ip=broker.ip)])
+        lab.wait_for_port(d1, broker.ip, 9000)
+        results = tmp_path / "results.json"
+        _rounds(results, 5)
+        meter = TrafficMeter(lab, results, ["d001"], interval=0.05)  # its own thread polls
+
+        # Execute: the new coordinator replaces the file with 1, then 2 rounds
+        for rnd in (1, 2):
+            sent = lab.run(d1, [sys.executable, "-c", SEND.format(ip=broker.ip, n=500_000)])
+            assert sent.returncode == 0, sent.stderr
+            _rounds(results, rnd)
+            deadline = time.monotonic() + 30
+            while meter.rounds_measured < rnd and time.monotonic() < deadline:
+                time.sleep(0.05)
+        traffic = meter.stop()
+
+    # Assert: two rounds of half a megabyte each, none lost to the old file
+    assert meter.rounds_measured == 2 and traffic.error == "", traffic
+    assert [500_000 <= b.up < 550_000 for b in traffic.devices] == [True, True], traffic

@@ -133,8 +133,8 @@ def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:
     assert first["wire_radio_bytes"] == first["wire_bytes"] + first["wire_bytes_peer"] > first["wire_bytes"]
     out = capsys.readouterr().out
     assert "best accuracy" in out
-    per_round = sum(r["extra"]["wire_bytes"] for r in result["rounds"]) / 3 / 1e6
-    assert f"fp32 models: {per_round:.2f} MB sent per round" in out, out
+    sent, radio = (sum(r["extra"][k] for r in result["rounds"]) / 3 / 1e6 for k in ("wire_bytes", "wire_radio_bytes"))
+    assert f"fp32 models: {sent:.2f} MB sent per round ({radio:.2f} MB on the devices' links)" in out, out
 
 
 def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> None:
