@@ -13,7 +13,7 @@ import pytest
 
 from covey.cli import main
 from server.field.fieldtest import device_ids
-from server.field.report import build_report, rtt_reduction_pct, star_matrices, time_to_target
+from server.field.report import build_report, format_report, rtt_reduction_pct, star_matrices, time_to_target
 from server.links import LinkMatrices
 from server.simulation.topology import LinkProfile, Site, parse_topology
 
@@ -182,3 +182,21 @@ def test_a_report_reads_back_from_its_json(unscored: float | None) -> None:
     assert back.accuracy[1] == 0.5 and math.isnan(back.accuracy[0]) and math.isnan(back.snr_rank_corr)
     assert back.time_to_target_s is None and back.rounds == 2 and back.target == 0.9
     assert [s.site for s in back.sites] == [s.site for s in report.sites] and back.to_dict() == report.to_dict()
+
+
+def test_a_report_keeps_the_links_bytes_of_every_round_or_none() -> None:
+    site_of = {"f1": FAST, "s1": SLOW}
+    doc = {"rounds": [{"server_accuracy": 0.1, "wall_s": 1.0}, {"server_accuracy": 0.2, "wall_s": 1.0}]}
+    per_round = {"down": [3_000_000, 1_000_000], "up": [1_000_000, 1_000_000]}
+    both = {role: per_round for role in ("devices", "coordinator", "broker")}
+
+    kept = build_report(doc, site_of, strategy="fedavg", bandwidth_hz=20e6, link_bytes=both)
+    short = {role: {way: v[:1] for way, v in ways.items()} for role, ways in both.items()}
+    dropped = build_report(doc, site_of, strategy="fedavg", bandwidth_hz=20e6, link_bytes=short)
+
+    assert kept.link_mb_per_round("devices") == 3.0  # (4 + 2) MB over two rounds
+    assert type(kept).from_dict(json.loads(json.dumps(kept.to_dict()))).link_bytes == kept.link_bytes
+    assert "devices 3.0 MB (all together), coordinator 3.0 MB, broker 3.0 MB" in format_report(kept, Path("out"))
+    # a count that does not cover every round on record is not reported at all
+    assert dropped.link_bytes == {} and math.isnan(dropped.link_mb_per_round("devices"))
+    assert "on the links" not in format_report(dropped, Path("out"))
