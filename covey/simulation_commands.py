@@ -283,9 +283,9 @@ def add_codec_flag(p: argparse.ArgumentParser) -> None:
         "--codec",
         choices=WIRE_CODECS,
         help="model payloads on the wire: fp32 (default), fp16, or int8 / int4 deltas with error "
-        "feedback (start models as deltas against the model a device holds, else fp16; chain "
-        "hand-offs relayed as deltas; int4 nearly halves int8's bytes where deltas are dense, "
-        "as on the CNN; docs/protocol.md)",
+        "feedback (start models as deltas against the model a device holds, else as q8, 8-bit "
+        "blocks, to devices that list it and fp16 to others; chain hand-offs relayed as deltas; "
+        "int4 nearly halves int8's bytes where deltas are dense, as on the CNN; docs/protocol.md)",
     )
 
 

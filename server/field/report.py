@@ -291,9 +291,11 @@ def format_report(report: FieldReport, results_dir: Path) -> str:
             f"(Spearman); entries by source: SNR {report.sources.get('snr')}, RTT {report.sources.get('rtt')}"
         )
     if report.groups:
+        cut = report.rtt_reduction_pct
+        versus = "n/a" if not math.isfinite(cut) else f"{abs(cut):.0f} % {'below' if cut >= 0 else 'above'}"
         lines.append(
             f"last round's groups: {len(report.groups)}, site ARI {report.group_site_ari:.2f}, intra-group RTT "
-            f"{report.rtt_reduction_pct:+.0f} % below random groups of these sizes"
+            f"{versus} random groups of these sizes"
         )
     if math.isfinite(report.dsc_primary_site_ari):
         lines.append(f"DSC's primary segment on the measured Γ: site ARI {report.dsc_primary_site_ari:.2f}")

@@ -200,3 +200,11 @@ def test_a_report_keeps_the_links_bytes_of_every_round_or_none() -> None:
     # a count that does not cover every round on record is not reported at all
     assert dropped.link_bytes == {} and math.isnan(dropped.link_mb_per_round("devices"))
     assert "on the links" not in format_report(dropped, Path("out"))
+
+
+@pytest.mark.parametrize(("cut", "said"), [(40.0, "40 % below"), (-12.0, "12 % above"), (math.nan, "n/a")])
+def test_the_summary_says_whether_the_groups_rtt_is_below_or_above_random_groups(cut: float, said: str) -> None:
+    doc = {"rounds": [{"server_accuracy": 0.1, "wall_s": 1.0, "groups": [["f1"], ["s1"]]}]}
+    report = build_report(doc, {"f1": FAST, "s1": SLOW}, strategy="fedavg", bandwidth_hz=20e6)
+    report.rtt_reduction_pct = cut
+    assert f"intra-group RTT {said} random groups of these sizes" in format_report(report, Path("out"))
