@@ -233,17 +233,32 @@ class _TensorIO:
 class _SignatureCall:
     """A signature runner's call, for the inputs the runtime itself builds.
 
-    It does what ``SignatureRunner.__call__`` does (resize every input to its value's
-    shape, allocate, set, invoke, read every output), in the same order, with one set
-    comparison of the input names instead of a check per name, and a shape array per
-    shape instead of one per input per call. A plain FEMNIST MLP ``train`` step (batch
-    10, one thread) measured about 600 µs in ``Invoke`` and 34 µs around it in the
-    runner; this takes about 9 µs of those off. That time holds the GIL, which the
+    It does what ``SignatureRunner.__call__`` does (set every input, allocate, invoke,
+    read every output), with one difference that matters on ARM: an input is resized
+    only when its value's shape differs from the tensor's current shape, and a 0-d
+    (scalar) input is never resized. ``SignatureRunner`` resizes every input on every
+    call, and LiteRT's ``InterpreterWrapper::ResizeInputTensor`` given the empty dims
+    of a scalar (the ``lr`` of every ``train`` signature) segfaults in ``memset`` on
+    arm64 (seen with ai-edge-litert 1.4.0 and 2.3.0 under qemu-user; issue 25), so the
+    default board backend could not take one train step. Resizing to an unchanged shape
+    is a no-op inside TFLite (``Subgraph::ResizeInputTensor`` returns early), so
+    skipping it changes nothing on any backend. It also saves time: a FEMNIST MLP
+    ``train`` step spends about 600 µs in ``Invoke`` and this wrapper takes a few
+    microseconds of the runner's 34 µs around it; that time holds the GIL, which the
     simulator's worker threads share (docs/results.md, "Simulation speed, fifth pass").
     """
 
-    def __init__(self, wrapper: Any, subgraph: int, inputs: dict[str, int], outputs: list[tuple[str, int]]) -> None:
+    def __init__(
+        self,
+        wrapper: Any,
+        subgraph: int,
+        inputs: dict[str, int],
+        outputs: list[tuple[str, int]],
+        shapes: dict[str, tuple[int, ...]] | None = None,
+    ) -> None:
         self.wrapper, self.subgraph, self.inputs, self.outputs = wrapper, subgraph, inputs, outputs
+        # the shape each input tensor has now; an input not listed is resized on first use
+        self.shapes: dict[str, tuple[int, ...]] = dict(shapes or {})
         self._dims: dict[tuple[int, ...], np.ndarray] = {}
 
     @classmethod
@@ -257,22 +272,47 @@ class _SignatureCall:
             return None
         if not all(hasattr(wrapper, c) for c in calls):
             return None
-        return cls(wrapper, subgraph, dict(inputs), list(outputs))
+        return cls(wrapper, subgraph, dict(inputs), list(outputs), _input_shapes(runner))
+
+    def resize(self, name: str, shape: tuple[int, ...]) -> None:
+        """Give input ``name`` the shape ``shape`` unless it has it already.
+
+        A scalar input keeps its shape: a scalar value needs no resize, and a value of
+        another rank for it is a bug in this module (refused, never passed to LiteRT).
+        """
+        current = self.shapes.get(name)
+        if current == shape:
+            return
+        if current == () or shape == ():
+            raise ModelError(f"input {name!r} has shape {current}; a value of shape {shape} cannot be set")
+        dims = self._dims.get(shape)
+        if dims is None:
+            dims = self._dims[shape] = np.array(shape, np.int32)
+        self.wrapper.ResizeInputTensor(self.inputs[name], dims, False, self.subgraph)
+        self.shapes[name] = shape
 
     def __call__(self, **values: np.ndarray) -> dict[str, np.ndarray]:
         wrapper, subgraph, inputs = self.wrapper, self.subgraph, self.inputs
         if values.keys() != inputs.keys():
             raise ModelError(f"signature inputs are {sorted(inputs)}, got {sorted(values)}")  # a bug in this module
         for name, value in values.items():
-            dims = self._dims.get(value.shape)
-            if dims is None:
-                dims = self._dims[value.shape] = np.array(value.shape, np.int32)
-            wrapper.ResizeInputTensor(inputs[name], dims, False, subgraph)
+            if self.shapes.get(name) != value.shape:
+                self.resize(name, value.shape)
         wrapper.AllocateTensors(subgraph)
         for name, value in values.items():
             wrapper.SetTensor(inputs[name], value, subgraph)
         wrapper.Invoke(subgraph)
         return {name: wrapper.GetTensor(index, subgraph) for name, index in self.outputs}
+
+
+def _input_shapes(runner: Any) -> dict[str, tuple[int, ...]]:
+    """The current shape of each of a signature runner's inputs (empty where the runner
+    cannot say: every input is then resized once, on its first use)."""
+    try:
+        details = runner.get_input_details()
+        return {name: tuple(int(d) for d in info["shape"]) for name, info in details.items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
 
 
 class TFLiteModel:
