@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from device import board
 from device.artifact import ArtifactDownload
 from device.data import Dataset, class_counts
 from device.errors import CoveyError, ModelError, ProtocolError, TransportError
@@ -152,6 +153,7 @@ class Agent:
             direct=True,
             model_sha256=self.model.manifest.sha256,
             codecs=FRAME_CODECS,
+            platform=board.describe(self.model.backend.name, self.model.backend.version),
         )
         self._send(body, 0, self.topics.register(self.me))
         log.info("%s: registered (%d samples)", self.me, body.n_samples)

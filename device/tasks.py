@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from device import board
 from device.data import Dataset, class_counts
 from device.errors import ProtocolError
 from device.protocol import (
@@ -96,6 +97,8 @@ class TaskRunner:
         # (unless it says discard_start): otherwise the result takes its buffer, one model
         # less at the peak
         reuse = exclusive and request.codec not in DELTA_CODECS and request.discard_start
+        peak = board.PeakMemory()
+        peak.reset()
         out = self._in_worker(
             train_locally,
             self.model,
@@ -125,6 +128,7 @@ class TaskRunner:
             train_seconds=seconds,
             deliver_seconds=time.perf_counter() - delivered,
             inbound=inbound,
+            telemetry=board.telemetry(peak),
         )
         message = Message.of(result, run=self.run, sender=self.me, round=rnd).encode()
         self._publish(self.topics.results(self.me), message, False)  # at once after the frames

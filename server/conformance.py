@@ -67,6 +67,8 @@ RULES: dict[str, str] = {
     "identity": "publishes only under topics that carry its id, and names itself as the sender",
     "codecs": "lists raw, fp16, int8 and int8z in register's codecs when it sends the list, and trains from an "
     "fp16 start model (and from a q8 one if it lists q8)",
+    "platform": "says what it is: register carries a platform (machine, OS, backend, cores, RAM) and a train "
+    "result its telemetry (peak memory)",
 }
 PEER, SINK = "conformance-peer", "conformance-sink"
 

@@ -54,6 +54,7 @@ class _Checks:
         self.n_params = kit.manifest.n_params
         self.start = kit.start_weights
         self.gaps: list[float] = []  # seconds from output frames to result message
+        self.train_results: list[TrainResult] = []  # every train result a scenario waited for
 
     # -- helpers ------------------------------------------------------------------------
     def output(self, since: int, topic: str, task_id: str, kind: str, timeout: float | None = None) -> Output | None:
@@ -77,6 +78,8 @@ class _Checks:
             )
 
         found: Any = self.kit.wait_for(find, timeout, since)
+        if found is not None and isinstance(found[0], TrainResult):
+            self.train_results.append(found[0])
         return found
 
     def train(self, task: str, *, rnd: int = 1, **fields: Any) -> TrainRequest:
@@ -324,6 +327,21 @@ class _Checks:
         )
 
 
+def check_platform(kit: ConformanceKit, train_results: list[TrainResult]) -> None:
+    """The board says what it is (docs/protocol.md, "What a board says about itself")."""
+    registration = kit.registration
+    problems = []
+    if registration is None or registration.platform is None:
+        problems.append("register carries no platform: the server cannot tell what this board is")
+    if not train_results:
+        problems.append("no train result arrived to carry telemetry")
+    elif all(r.telemetry is None for r in train_results):
+        problems.append(f"none of its {len(train_results)} train results carries telemetry")
+    p = registration.platform if registration is not None else None
+    detail = "; ".join(problems) or (f"{p.machine}, {p.os}, {p.backend} {p.backend_version}" if p else "")
+    kit.verdict("platform", not problems, detail)
+
+
 def run_checks(kit: ConformanceKit) -> None:
     c = _Checks(kit)
     c.ping()
@@ -339,6 +357,7 @@ def run_checks(kit: ConformanceKit) -> None:
     c.corrupt()
     c.wrong_predecessor()
     c.stale()
+    check_platform(kit, c.train_results)
     late = [g for g in c.gaps if g > AT_ONCE_S]
     kit.verdict(
         "result_follows_frames",

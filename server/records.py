@@ -112,9 +112,12 @@ def write_run(
     title: str,
     plot: bool = True,
     links: Mapping[str, Any] | None = None,
+    devices: Mapping[str, Any] | None = None,
 ) -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.csv`` and (with ``plot``) ``<stem>.png``;
-    ``links``: the link matrices grouping used (:meth:`server.links.LinkMatrices.to_dict`)."""
+    ``links``: the link matrices grouping used (:meth:`server.links.LinkMatrices.to_dict`);
+    ``devices``: each board's platform and telemetry
+    (:meth:`server.coordinator.registry.Registry.boards_record`)."""
     rows = [asdict(r) for r in records]
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "png")}
     doc: dict[str, Any] = {
@@ -124,6 +127,8 @@ def write_run(
     }
     if links is not None:
         doc["links"] = dict(links)
+    if devices is not None:
+        doc["devices"] = dict(devices)
     text = json.dumps(strict_json_values(doc), indent=1, default=_json_default, allow_nan=False)
     atomic_write(paths["json"], (text + "\n").encode())
     flat = [_flat(r) for r in rows]

@@ -214,6 +214,10 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 bar.refresh()
 
             coord.wait_for_devices(o.min_devices, o.register_timeout, progress=registered)
+        fleet = coord.registry.fleet_summary()
+        log.info("fleet: %s", fleet)
+        if progress:
+            print(fleet, flush=True)
         if progress:  # on a slow site this takes a while before round 1
             print(f"measuring the links of {len(coord.ready_devices())} devices (docs/links.md) ...", flush=True)
         links = coord.measure_links()
@@ -236,6 +240,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     title=title,
                     plot=False,
                     links=coord.links_record(),
+                    devices=coord.registry.boards_record(),
                 )
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
@@ -247,6 +252,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             settings=prepared.settings,
             title=title,
             links=coord.links_record(),
+            devices=coord.registry.boards_record(),
         )
         coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord

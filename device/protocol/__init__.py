@@ -9,11 +9,13 @@ little-endian tensor bytes behind a checked header.
 * :mod:`device.protocol.topics`: topic names; a device publishes only under topics
   that carry its id, and receivers take the sender from the topic;
 * :mod:`device.protocol.messages`: the envelope and one frozen dataclass per body;
+* :mod:`device.protocol.boards`: what a board says about itself (platform, telemetry);
 * :mod:`device.protocol.frames`: binary frames, chunking, reassembly, ``send_model``;
 * :mod:`device.protocol.codecs`: how a model payload is encoded (fp32, fp16, int8 and int4 deltas, q8 whole models);
 * :mod:`device.protocol.typed`: validation and JSON Schema from the dataclasses.
 """
 
+from device.protocol.boards import Platform, Telemetry
 from device.protocol.codecs import (
     DELTA_CODECS,
     DELTA_WIRE_CODECS,
@@ -122,6 +124,7 @@ __all__ = [
     "PathReport",
     "Payload",
     "Ping",
+    "Platform",
     "Pong",
     "PretrainRequest",
     "PretrainResult",
@@ -133,6 +136,7 @@ __all__ = [
     "ServerStatus",
     "Split",
     "Stop",
+    "Telemetry",
     "Topics",
     "TrainRequest",
     "TrainResult",

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Union
 
 from device.errors import ProtocolError
+from device.protocol.boards import Platform, Telemetry
 from device.protocol.codecs import FrameCodec
 from device.protocol.typed import Above, AtLeast, Identifier, MaxLen, from_body, read_value, to_body
 
@@ -79,7 +80,9 @@ class Register:
     ``class_counts`` has one count per class of the model and sums to ``n_samples``.
     ``codecs``: the frame codecs the agent decodes and sends (``device/protocol/codecs.py``);
     absent from agents older than ``int4``, which know ``raw``, ``fp16``, ``int8`` and
-    ``int8z``. Names the receiver does not know are kept as they are, not refused."""
+    ``int8z``. Names the receiver does not know are kept as they are, not refused.
+    ``platform``: what the board is (``device/protocol/boards.py``); absent from agents
+    older than it."""
 
     n_samples: Annotated[int, AtLeast(1)]
     n_test: Count
@@ -89,6 +92,7 @@ class Register:
     direct: bool = True
     model_sha256: str | None = None
     codecs: Annotated[tuple[Annotated[str, MaxLen(16)], ...], MaxLen(32)] | None = None
+    platform: Platform | None = None
 
     def __post_init__(self) -> None:
         if sum(self.class_counts) != self.n_samples:
@@ -99,7 +103,8 @@ class Register:
 @dataclass(frozen=True)
 class TrainResult:
     """After a ``train`` request, sent right after the output frames. ``loss`` is the
-    sample-weighted mean of the mini-batch losses over all local steps."""
+    sample-weighted mean of the mini-batch losses over all local steps. ``telemetry``:
+    how the task went on the board (peak memory, temperature; ``device/protocol/boards.py``)."""
 
     task_id: TaskId
     n_samples: Count
@@ -111,6 +116,7 @@ class TrainResult:
     train_seconds: Annotated[float, AtLeast(0)] = 0.0
     deliver_seconds: Annotated[float, AtLeast(0)] = 0.0
     inbound: InboundTransfer | None = None  # the start model's arrival, when it came in two or more chunks
+    telemetry: Telemetry | None = None
     kind: Literal["train"] = "train"
 
     def __post_init__(self) -> None:

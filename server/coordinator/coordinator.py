@@ -390,8 +390,10 @@ class Coordinator(Persistence):
             self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
         elif outcome == "unexpected":
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
-        elif body.inbound is not None:
-            self._on_inbound(device, body.task_id, body.inbound)
+        else:
+            self.registry.note_telemetry(device, msg.round, body.telemetry)
+            if body.inbound is not None:
+                self._on_inbound(device, body.task_id, body.inbound)
 
     def _on_inbound(self, device: str, task_id: str, inbound: InboundTransfer) -> None:
         """How fast ``device``'s start model reached it: a goodput of the path from the

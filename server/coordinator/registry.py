@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 
 from device.errors import ProtocolError
-from device.protocol import Pong, Register, Topics, legacy_stop
+from device.protocol import Platform, Pong, Register, Telemetry, Topics, legacy_stop
 from server.coordinator.admission import Admission
 from server.strategies.base import ClientInfo
 
@@ -35,6 +37,13 @@ class DeviceRecord:
     direct: bool = True
     online: bool = True
     codecs: tuple[str, ...] = ()  # the frame codecs its register listed (none: an agent from before codecs)
+    platform: Platform | None = None  # what the board says it is (for people only: never trusted)
+    telemetry: dict[int, Telemetry] = field(default_factory=dict)  # round -> how its training went
+
+
+# The most rounds of telemetry kept per device (the latest): results.json stays small.
+MAX_TELEMETRY_ROUNDS = 1000
+BACKEND_NAMES = {"ai_edge_litert": "LiteRT", "tflite_runtime": "tflite-runtime", "tensorflow": "TensorFlow"}
 
 
 @dataclass(frozen=True)
@@ -74,10 +83,52 @@ class Registry:
 
     def _record(self, device: str, body: Register) -> ClientInfo:
         info = ClientInfo(device, body.n_samples, np.asarray(body.class_counts, np.float64), body.n_test)
+        known = self.devices.get(device)
         self.devices[device] = DeviceRecord(
-            info, body.runtime, direct=body.direct, last_seen=time.monotonic(), codecs=tuple(body.codecs or ())
+            info,
+            body.runtime,
+            direct=body.direct,
+            last_seen=time.monotonic(),
+            codecs=tuple(body.codecs or ()),
+            platform=body.platform,
+            telemetry=known.telemetry if known is not None else {},
         )
         return info
+
+    def note_telemetry(self, device: str, rnd: int, telemetry: Telemetry | None) -> None:
+        """Keep what ``device`` reported of its training in round ``rnd`` (the latest
+        :data:`MAX_TELEMETRY_ROUNDS` rounds)."""
+        record = self.devices.get(device)
+        if record is None or telemetry is None:
+            return
+        record.telemetry[rnd] = telemetry
+        while len(record.telemetry) > MAX_TELEMETRY_ROUNDS:
+            del record.telemetry[min(record.telemetry)]
+
+    def fleet_summary(self) -> str:
+        """One line: how many boards of each kind, e.g. ``6 boards: 4 aarch64 LiteRT
+        2.3.0, 2 armv7l tflite-runtime 2.14.0``."""
+        kinds: Counter[str] = Counter()
+        for record in self.devices.values():
+            p = record.platform
+            if p is None:
+                kinds[f"{record.runtime or 'unknown'} (no platform info)"] += 1
+            else:
+                kinds[f"{p.machine} {BACKEND_NAMES.get(p.backend, p.backend)} {p.backend_version}"] += 1
+        parts = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+        n = len(self.devices)
+        return f"{n} board{'s' if n != 1 else ''}: {parts}" if n else "no boards"
+
+    def boards_record(self) -> dict[str, Any]:
+        """For results.json: each device's platform and its telemetry by round."""
+        return {
+            device: {
+                "platform": asdict(record.platform) if record.platform is not None else None,
+                "runtime": record.runtime,
+                "telemetry": [{"round": rnd, **asdict(t)} for rnd, t in sorted(record.telemetry.items())],
+            }
+            for device, record in sorted(self.devices.items())
+        }
 
     def pings_due(self) -> list[tuple[str, float]]:
         """``(device, t)``: confirmation pings to send now (at the admission rate)."""
@@ -119,7 +170,9 @@ class Registry:
         if body is not None:
             info = self._record(device, body)
             self.devices[device].rtt_ms = (time.time() - pong.echo) * 1000
-            log.info("device %s registered: %d samples, %s", device, body.n_samples, body.runtime)
+            p = body.platform
+            kind = f"{p.machine}, {p.os}, {p.backend} {p.backend_version}" if p is not None else body.runtime
+            log.info("device %s registered: %d samples, %s", device, body.n_samples, kind)
             return info
         self.known(device).rtt_ms = (time.time() - pong.echo) * 1000
         return None

@@ -1,4 +1,4 @@
-"""covey's agent, broken on purpose in four ways a third-party device got wrong.
+"""covey's agent, broken on purpose in five ways a third-party device got wrong.
 
 1. Its frames carry ``"group": null`` (the protocol's ``group`` is an integer, -1 for
    none).
@@ -8,6 +8,8 @@
    and sends no result message.
 4. Its registration lists only ``raw`` among its codecs, as if it could not decode the
    fp16 and int8 models every version-2 device gets.
+5. It says nothing about itself: no platform in its registration, no telemetry in its
+   train results (as agents from before them).
 
 Run like covey-device: ``python tests/mqtt/broken_agent.py --broker ... --run ... --id ...``.
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from device import agent, cli, tasks
+from device import agent, board, cli, tasks
 from device.protocol import FrameExtra, send_model
 from device.protocol import frames as frames_module
 from device.training import pretrain_locally
@@ -88,6 +90,8 @@ frames_module.encode_frames = _null_group  # type: ignore[assignment]
 agent.FRAME_CODECS = ("raw",)  # type: ignore[attr-defined]
 tasks.TaskRunner.train = _late_train  # type: ignore[method-assign]
 tasks.TaskRunner.pretrain = _wrong_pretrain  # type: ignore[method-assign]
+board.describe = lambda backend, version: None  # type: ignore[assignment,return-value]
+board.telemetry = lambda peak: None  # type: ignore[assignment,return-value]
 
 if __name__ == "__main__":
     sys.exit(cli.main(sys.argv[1:]))

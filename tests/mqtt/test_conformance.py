@@ -42,7 +42,7 @@ def test_covey_agent_conforms_to_every_rule(broker, tmp_path, capsys) -> None:
     assert "FAIL" not in out
 
 
-def test_a_device_breaking_four_rules_gets_four_named_failures(broker, tmp_path) -> None:
+def test_a_device_breaking_five_rules_gets_five_named_failures(broker, tmp_path) -> None:
     from covey.paths import ensure_model
 
     # Prepare: the broken device, as a third party's process
@@ -87,9 +87,12 @@ def test_a_device_breaking_four_rules_gets_four_named_failures(broker, tmp_path)
         device.terminate()
         device.wait(30)
 
-    # Assert: exactly the four broken rules fail, each with what was seen
+    # Assert: exactly the five broken rules fail, each with what was seen
     failed = {v.rule: v.detail for v in report.failed}
-    assert set(failed) == {"frames_well_formed", "result_follows_frames", "pretrain_reply", "codecs"}, report.table()
+    broken = {"frames_well_formed", "result_follows_frames", "pretrain_reply", "codecs", "platform"}
+    assert set(failed) == broken, report.table()
+    assert "register carries no platform" in failed["platform"]
+    assert "train results carries telemetry" in failed["platform"]
     assert "without ['fp16', 'int8', 'int8z']" in failed["codecs"]
     assert "group must be an integer" in failed["frames_well_formed"]
     assert "after the output frames" in failed["result_follows_frames"]

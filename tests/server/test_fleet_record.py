@@ -1,0 +1,55 @@
+"""The coordinator's record of its fleet: what each board is, how its rounds went."""
+
+from __future__ import annotations
+
+from device.protocol import Platform, Pong, Register, Telemetry
+from server.coordinator import registry as registry_module
+from server.coordinator.registry import Registry
+
+ARM64 = Platform("aarch64", "Debian GNU/Linux 12 (bookworm)", "3.11.2", "ai_edge_litert", "2.3.0", 4, 3800)
+ARMHF = Platform("armv7l", "Raspbian GNU/Linux 12 (bookworm)", "3.11.2", "tflite_runtime", "2.14.0", 4, 900)
+
+
+def joined(registry: Registry, device: str, platform: Platform | None) -> None:
+    runtime = platform.backend if platform else "ai_edge_litert"
+    registry.register(device, Register(10, 0, (4, 6), runtime, 100, platform=platform))
+    ((_, t),) = [p for p in registry.pings_due() if p[0] == device]
+    assert registry.pong(device, Pong(t)) is not None
+
+
+def test_the_fleet_summary_counts_boards_by_kind_and_names_agents_without_a_platform() -> None:
+    # Prepare
+    registry = Registry(2)
+    for device, platform in (("a", ARM64), ("b", ARM64), ("c", ARMHF), ("d", None)):
+        joined(registry, device, platform)
+
+    # Execute
+    line = registry.fleet_summary()
+
+    # Assert
+    kinds = "2 aarch64 LiteRT 2.3.0, 1 ai_edge_litert (no platform info), 1 armv7l tflite-runtime 2.14.0"
+    assert line == f"4 boards: {kinds}"
+    assert Registry(2).fleet_summary() == "no boards"
+
+
+def test_telemetry_is_kept_per_round_across_a_new_registration_and_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Prepare
+    monkeypatch.setattr(registry_module, "MAX_TELEMETRY_ROUNDS", 3)
+    registry = Registry(2)
+    joined(registry, "a", ARM64)
+
+    # Execute: rounds 1-2, a registration again (a new coordinator epoch), rounds 3-4, one without telemetry
+    for rnd in (1, 2):
+        registry.note_telemetry("a", rnd, Telemetry(peak_rss_mb=100.0 + rnd, cpu_temp_c=50.0))
+    registry.register("a", Register(10, 0, (4, 6), "ai_edge_litert", 100, platform=ARM64))
+    for rnd in (3, 4):
+        registry.note_telemetry("a", rnd, Telemetry(peak_rss_mb=100.0 + rnd))
+    registry.note_telemetry("a", 5, None)
+    registry.note_telemetry("stranger", 5, Telemetry(peak_rss_mb=1.0))
+    record = registry.boards_record()
+
+    # Assert: the latest three rounds, the platform as registered
+    assert list(record) == ["a"]
+    assert [t["round"] for t in record["a"]["telemetry"]] == [2, 3, 4]
+    assert record["a"]["telemetry"][0]["cpu_temp_c"] == 50.0
+    assert record["a"]["platform"]["machine"] == "aarch64"
