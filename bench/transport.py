@@ -150,6 +150,7 @@ def throughput(host: str, port: int, repeats: int) -> None:
 def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) -> None:
     from covey.paths import ensure_model, femnist_dir
     from device.data import read_leaf
+    from device.protocol import Message, TrainResult
     from server.coordinator.coordinator import Coordinator, CoordinatorConfig
     from server.fleet import start_fleet
     from server.strategies import make_strategy
@@ -175,11 +176,11 @@ def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) ->
         finished_at: list[float] = []  # device clock = this machine's clock
         original = coord._on_result
 
-        def spy(msg):  # type: ignore[no-untyped-def]
-            if msg.type == "result" and "train_seconds" in msg.body:
-                train_seconds.append(float(msg.body["train_seconds"]))
-                finished_at.append(msg.sent_at - float(msg.body.get("deliver_seconds", 0.0)))
-            return original(msg)
+        def spy(device: str, msg: Message) -> None:
+            if isinstance(msg.body, TrainResult):  # a typed body, as the coordinator receives it
+                train_seconds.append(msg.body.train_seconds)
+                finished_at.append(msg.sent_at - msg.body.deliver_seconds)
+            original(device, msg)
 
         coord._on_result = spy  # type: ignore[method-assign]
         round_start = time.time()
