@@ -154,3 +154,50 @@ def test_broker_setup_with_systemd_installs_the_config_for_the_service(
 
 def test_broker_setup_without_a_folder_is_one_line() -> None:
     one_line(run("broker-setup.sh", "--host", "broker.lan", COVEY_SYSTEMD="no"), "site folder", "usage")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["--backend", "onnx", "{prefix}"], ["unknown backend 'onnx'", "litert or tflite-runtime"]),
+        (["--backend"], ["--backend needs litert or tflite-runtime", "usage"]),
+        (["--fast", "{prefix}"], ["unknown option --fast", "usage"]),
+        (["{prefix}", "{prefix}2"], ["one PREFIX only", "usage"]),
+    ],
+)
+def test_install_mistakes_are_one_line_and_install_nothing(tmp_path: Path, args: list[str], needles: list[str]) -> None:
+    prefix = tmp_path / "covey"
+    proc = run("install-device.sh", *(a.format(prefix=prefix) for a in args))
+    one_line(proc, *needles)
+    assert not prefix.exists() and not (tmp_path / "covey2").exists()
+
+
+@pytest.mark.parametrize(
+    ("machine", "words"),
+    [
+        ("armv6l", "no TFLite interpreter has wheels for armv6l (Pi 1, Pi Zero)"),
+        ("i686", "no TFLite interpreter has wheels for i686"),
+    ],
+)
+def test_install_refuses_machines_without_interpreter_wheels(tmp_path: Path, machine: str, words: str) -> None:
+    # Prepare: `uname -m` answering as that machine (an ARMv6 Pi cannot be emulated with
+    # Debian's armhf, which needs ARMv7 instructions)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uname").write_text(f'#!/bin/sh\n[ "$1" = -m ] && echo {machine} || exec /bin/uname "$@"\n')
+    (bin_dir / "uname").chmod(0o755)
+
+    # Execute
+    proc = run("install-device.sh", str(tmp_path / "covey"), PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+    # Assert
+    one_line(proc, words)
+    assert not (tmp_path / "covey").exists()
+
+
+def test_install_help_says_what_each_board_gets() -> None:
+    proc = run("install-device.sh", "--help")
+    assert proc.returncode == 0
+    for words in ("64-bit (aarch64, x86_64)", "32-bit (armv7l)", "armv6l", "--backend litert|tflite-runtime"):
+        assert words in proc.stdout, proc.stdout
+
