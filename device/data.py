@@ -50,7 +50,9 @@ def class_counts(labels: np.ndarray, n_classes: int) -> np.ndarray:
     labels = np.asarray(labels)
     if labels.size and (labels.min() < 0 or labels.max() >= n_classes):
         raise DataError(f"labels outside [0, {n_classes}) cannot be counted")
-    return np.bincount(labels.astype(np.int64), minlength=n_classes).astype(np.int64)
+    # intp, not int64: on a 32-bit board bincount refuses to cast int64 down to its int32
+    # index type (an armv7l agent crashed at registration; issue 25)
+    return np.bincount(labels.astype(np.intp), minlength=n_classes).astype(np.int64)
 
 
 def leaf_files(path: Path) -> list[Path]:
