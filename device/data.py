@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,10 +176,18 @@ def read_dataset(path: Path | str, user: str | None = None) -> Dataset:
     if path.is_file() and suffix != ".json":
         raise DataError(f"{path}: unknown data format {path.suffix or '(no extension)'!r}; give {FORMATS}")
     users = read_leaf(path)
+    choose = 'choose one with --user ID (in a device.toml: user = "ID"; provision-device.sh --user ID)'
     if user is None:
         if len(users) != 1:
-            raise DataError(f"{path} holds {len(users)} users; say which one with a user id")
+            raise DataError(f"{path} holds {len(users)} writers ({_listed(users)}); {choose}")
         return next(iter(users.values()))
     if user not in users:
-        raise DataError(f"user {user!r} is not in {path} ({len(users)} users there)")
+        raise DataError(f"writer {user!r} is not in {path}, which holds {_listed(users)}; {choose}")
     return users[user]
+
+
+def _listed(names: Iterable[str], limit: int = 12) -> str:
+    """``a, b, c`` (the first ``limit``, then how many more)."""
+    names = list(names)
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")

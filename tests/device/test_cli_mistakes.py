@@ -391,3 +391,21 @@ def test_a_library_link_gets_the_same_error(tmp_path: Path) -> None:
     garbage.write_text("junk")
     with pytest.raises(ConfigError, match=r"garbage\.crt"):
         MqttLink("lib", "127.0.0.1", 1, tls=TlsFiles(ca_certs=str(garbage)))
+
+
+def test_a_leaf_file_of_several_writers_names_the_setting_and_the_writers(capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a file of the shared FEMNIST sample (5 writers), as a newcomer copies one to a board
+    from covey.paths import femnist_dir
+
+    file = sorted((femnist_dir() / "train").glob("*.json"))[0]
+    writers = json.loads(file.read_text())["users"]
+    argv = ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(file)]
+
+    # Execute: no writer chosen, then one that is not in the file
+    none = run_main(capsys, *argv)
+    wrong = run_main(capsys, *argv, "--user", "f9999_99")
+
+    # Assert: the setting to use (flag and config key) and the writers to choose from
+    assert len(writers) == 5
+    assert_one_line_error(*none, str(file), "5 writers", "--user", 'user = "', *writers)
+    assert_one_line_error(*wrong, "'f9999_99'", "--user", *writers)

@@ -9,6 +9,7 @@ systemd is replayed in full by tests/site/test_site_run.py.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -201,3 +202,32 @@ def test_install_help_says_what_each_board_gets() -> None:
     for words in ("64-bit (aarch64, x86_64)", "32-bit (armv7l)", "armv6l", "--backend litert|tflite-runtime"):
         assert words in proc.stdout, proc.stdout
 
+
+def test_provision_with_a_prefix_and_a_writer_of_a_leaf_file(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare: the shared FEMNIST sample's first file (5 writers), a relative prefix
+    from covey.paths import femnist_dir
+
+    bundle = site(site_parent / "site") / "devices" / "pi-1"
+    leaf = sorted((femnist_dir() / "train").glob("*.json"))[0]
+    writers = json.loads(leaf.read_text())["users"]
+
+    # Execute: without a writer, with one not in the file, then with one
+    none = run("provision-device.sh", "--prefix", str(tmp_path / "a"), str(bundle), str(leaf), COVEY_SYSTEMD="no")
+    wrong = run("provision-device.sh", "--prefix", str(tmp_path / "b"), "--user", "f0_0", str(bundle), str(leaf))
+    done = subprocess.run(
+        [str(SCRIPTS / "provision-device.sh"), "--prefix", "boards/pi-1", "--user", writers[2], str(bundle), str(leaf)],
+        env={**os.environ, "COVEY_SYSTEMD": "no"},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    # Assert: mistakes list the writers and install nothing; the writer lands in device.toml
+    one_line(none, "holds 5 writers", "--user WRITER", *writers)
+    one_line(wrong, "'f0_0' is not in", *writers)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert done.returncode == 0, done.stderr
+    etc = tmp_path / "boards" / "pi-1" / "etc" / "covey"
+    assert f'user = "{writers[2]}"' in (etc / "device.toml").read_text().splitlines()
+    assert done.stdout.strip().endswith(f"--config {etc}/device.toml -v")
