@@ -9,6 +9,7 @@ board to it, and run its mosquitto in the foreground (for machines without syste
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import socket
 import subprocess
@@ -96,9 +97,18 @@ def _cmd_broker_run(args: argparse.Namespace) -> int:
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        code = proc.wait()
-    except KeyboardInterrupt:  # the terminal sent SIGINT to mosquitto too: let it save and stop
-        proc.wait()
+        code = proc.wait()  # the broker's whole life: it ends on a signal
+    except KeyboardInterrupt:
+        # Ctrl-C in a terminal reached mosquitto too; `kill -INT` of this process did not.
+        # Either way mosquitto is told to save and stop (a second SIGINT changes nothing),
+        # and killed if it has not within 15 s: it never outlives this command.
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
         raise
     finally:
         for sig, handler in previous.items():

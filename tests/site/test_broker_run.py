@@ -7,6 +7,7 @@ to start on a port already in use with one line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -78,3 +79,46 @@ def test_broker_run_on_a_port_in_use_is_one_line(site_parent: Path, tmp_path: Pa
         taken.listen()
         proc = covey("broker", "run", "--site", str(site.layout.root))
     assert_one_line_error(proc, f"port {site.spec.port} is in use", "--port")
+
+
+@pytest.mark.parametrize("to_group", [True, False], ids=["ctrl-c in its terminal", "kill -INT of covey alone"])
+def test_an_interrupt_stops_mosquitto_too(site_parent: Path, tmp_path: Path, to_group: bool) -> None:
+    """Ctrl-C reaches mosquitto with covey (one process group); ``kill -INT`` reaches covey
+    alone, which must then stop mosquitto itself instead of leaving it running."""
+    # Prepare
+    site = init(site_parent / "site", "d1")
+    with (tmp_path / "broker.log").open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "covey.cli", "broker", "run", "--site", str(site.layout.root)],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        wait_for_port("127.0.0.1", site.spec.port, 15, proc)
+
+        # Execute
+        if to_group:
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and _listening(site.spec.port):
+            time.sleep(0.1)
+
+        # Assert: nothing listens on the site's port any more
+        assert not _listening(site.spec.port), (tmp_path / "broker.log").read_text()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _listening(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
