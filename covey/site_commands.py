@@ -1,4 +1,4 @@
-"""``covey site init``, ``covey site add-device`` and ``covey broker run --site``.
+"""``covey site init``, ``add-device``, ``sample-data`` and ``covey broker run --site``.
 
 A site is one folder (:mod:`server.site`): the broker's TLS and identities, the
 coordinator's credentials, and a bundle per board. These commands make it, add a
@@ -57,6 +57,17 @@ def _cmd_site_add_device(args: argparse.Namespace) -> int:
         "a running broker takes the new password after a reload: `sudo systemctl reload mosquitto`, "
         "or `kill -HUP` the `covey broker run` process"
     )
+    return 0
+
+
+def _cmd_site_sample_data(args: argparse.Namespace) -> int:
+    from server.paths import femnist_dir
+    from server.site.sample_data import sample_data
+
+    leaf = Path(args.data_dir) if args.data_dir else femnist_dir()
+    for board in sample_data(Path(args.dir), leaf):
+        print(f"{board.device}: writer {board.writer}, {board.n_train} training and {board.n_test} test samples")
+        print(f"  {board.train}  {board.test}")
     return 0
 
 
@@ -154,6 +165,17 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("id", metavar="ID", help="the new device's id")
     p.add_argument("--client-cert", action="store_true", help="issue a client certificate too")
     p.set_defaults(func=_cmd_site_add_device)
+
+    p = site_sub.add_parser(
+        "sample-data",
+        help="for a trial: one LEAF writer's data per board, as train.npz and test.npz in its bundle",
+        description="Gives each board of the site one writer of a LEAF folder (the shared FEMNIST sample unless "
+        "--data-dir), in file order, as DIR/devices/<ID>/train.npz and test.npz, for a trial whose boards have no data "
+        "of their own. provision-device.sh BUNDLE BUNDLE/train.npz BUNDLE/test.npz installs them.",
+    )
+    p.add_argument("dir", metavar="DIR", help="the site folder")
+    p.add_argument("--data-dir", metavar="LEAF_DIR", help="a LEAF folder with train/ and test/ (default: the sample)")
+    p.set_defaults(func=_cmd_site_sample_data)
 
     broker = sub.add_parser("broker", help="the site's MQTT broker")
     broker_sub = broker.add_subparsers(dest="broker_command", required=True, metavar="ACTION")

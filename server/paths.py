@@ -12,15 +12,21 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def femnist_dir() -> Path:
-    """The LEAF FEMNIST sample: ``$COVEY_FEMNIST_DIR`` or ``../shared/data/femnist``."""
+    """The LEAF FEMNIST sample: ``$COVEY_FEMNIST_DIR``, else ``../shared/data/femnist``
+    beside the checkout covey runs from, or beside the working folder (covey installed
+    by ``install-server.sh`` lives in a virtualenv, and its commands run from the
+    copy of the repository)."""
     configured = os.environ.get("COVEY_FEMNIST_DIR")
-    path = Path(configured) if configured else REPO_ROOT.parent / "shared" / "data" / "femnist"
-    if not (path / "train").is_dir() or not (path / "test").is_dir():
-        raise ConfigError(
-            f"FEMNIST data not found at {path} (it needs train/ and test/ folders of LEAF JSON); "
-            "set COVEY_FEMNIST_DIR or pass --data-dir"
-        )
-    return path
+    sample = Path("shared") / "data" / "femnist"
+    candidates = [Path(configured)] if configured else [REPO_ROOT.parent / sample, Path.cwd().parent / sample]
+    for path in candidates:
+        if (path / "train").is_dir() and (path / "test").is_dir():
+            return path
+    tried = " or ".join(str(p) for p in dict.fromkeys(candidates))
+    raise ConfigError(
+        f"FEMNIST data not found at {tried} (it needs train/ and test/ folders of LEAF JSON); "
+        "set COVEY_FEMNIST_DIR or pass --data-dir"
+    )
 
 
 def cache_dir() -> Path:

@@ -139,18 +139,34 @@ def test_a_site_runs_fedgsp_over_tls_as_the_guide_tells_it(site_parent: Path, tm
 
 # What the test above runs of docs/site-guide.md, and the test that runs each other command.
 GUIDE = {
+    "firmware_scripts/install-server.sh /opt/covey-server": "test_trial.py (under a temporary prefix)",
     "covey site init DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": (
         "above (with --port, --run); test_multihost.py (--ip only, across network namespaces)"
     ),
-    "covey broker run --site DIR": "above; test_multihost.py (on the broker's own host)",
+    "covey broker run --site DIR": "above; test_multihost.py (on the broker's own host); test_trial.py",
     "sudo firmware_scripts/broker-setup.sh DIR --host HOST --ip ADDR --devices ID1 ID2 ID3 ID4": "test_scripts.py",
-    "firmware_scripts/install-device.sh /opt/covey": "none: it installs from the package index",
-    "firmware_scripts/provision-device.sh BUNDLE DATA TEST": "above and test_multihost.py (under a prefix)",
+    "firmware_scripts/install-device.sh /opt/covey": (
+        "tests/boards (on emulated arm64 and armhf boards, as the images are built and at every session) and "
+        "test_trial.py (x86_64, under a temporary prefix)"
+    ),
+    "firmware_scripts/provision-device.sh BUNDLE DATA TEST": (
+        "above, test_multihost.py (under a prefix) and tests/boards/test_site_run.py (on the emulated boards)"
+    ),
     "/opt/covey/venv/bin/covey-device --config /etc/covey/device.toml -v": (
-        "above and test_multihost.py (the command provision prints, on each board's host)"
+        "above, test_multihost.py (the command provision prints, on each board's host) and "
+        "tests/boards/test_site_run.py (on the emulated boards, as /etc/covey)"
     ),
     "covey server run --site DIR --strategy fedgsp --min-devices 4 --rounds 20 --eval-data EVAL --state-dir STATE": (
         "above and test_multihost.py (2 rounds, on the coordinator's own host)"
+    ),
+    # "A trial on one machine": test_trial.py reads these from the guide and runs them as they are
+    "covey site init DIR --host localhost --ip 127.0.0.1 --devices trial-1 trial-2 trial-3": "test_trial.py",
+    "covey site sample-data DIR": "test_trial.py",
+    "for ID in trial-1 trial-2 trial-3; do firmware_scripts/provision-device.sh --prefix BOARDS/$ID DIR/devices/$ID "
+    "DIR/devices/$ID/train.npz DIR/devices/$ID/test.npz; done": "test_trial.py",
+    "/opt/covey/venv/bin/covey-device --config BOARDS/ID/etc/covey/device.toml -v": "test_trial.py",
+    "covey server run --site DIR --strategy fedgsp --min-devices 3 --rounds 5 --eval-data EVAL --state-dir STATE": (
+        "test_trial.py"
     ),
 }
 
@@ -160,4 +176,4 @@ def test_the_guide_holds_the_commands_the_tests_run() -> None:
     text = (REPO / "docs" / "site-guide.md").read_text()
     blocks = text.split("```sh\n")[1:]
     commands = [line for block in blocks for line in block.split("```", 1)[0].splitlines() if line.strip()]
-    assert commands == list(GUIDE)
+    assert list(dict.fromkeys(commands)) == list(GUIDE)
