@@ -89,7 +89,15 @@ def _is_int(value: Any) -> TypeGuard[int]:
 
 
 def _is_number(value: Any) -> TypeGuard[float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    """An int or float that a float holds: TOML integers may have thousands of digits,
+    and ``float()`` of one beyond 1.8e308 raises OverflowError (bench/fuzz.py found it)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _check_dataset_value(key: str, value: Any) -> None:

@@ -43,6 +43,11 @@ def test_toml_config_and_overrides(tmp_path) -> None:
         ("[screening]\nfactor = 3\n", "unknown \\[screening\\] key"),
         ("[simulation]\nfederated_eval_every = -1\n", "federated_eval_every must be an integer >= 0"),
         ('[simulation]\nworker_kind = "fiber"\n', "worker_kind must be one of thread, process"),
+        # integers beyond a float (bench/fuzz.py found the first: OverflowError in screening_config)
+        (f"[screening]\nnorm_factor = {10**400}\n", "norm_factor and trim must be numbers"),
+        (f"[screening]\ntrim = {10**400}\n", "norm_factor and trim must be numbers"),
+        (f"[train]\nlr = {10**400}\n", "lr"),
+        (f"[simulation]\nshift_probability = {10**400}\n", "shift probability"),
     ],
 )
 def test_bad_config_files_are_refused(tmp_path, text: str, message: str) -> None:
