@@ -106,6 +106,17 @@ def _defaults(cls: type[Strategy]) -> dict[str, Any]:
     return out
 
 
+def _check_fits_float(name: str, value: Any) -> None:
+    """A number every strategy can compute with: a TOML or ``--set`` integer may have
+    thousands of digits, and ``float()`` of one beyond 1.8e308 raises OverflowError deep
+    in a grouping check (bench/fuzz.py found ``kappa = 10**60``)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        try:
+            float(value)
+        except OverflowError:
+            raise StrategyError(f"{name} = an integer of {len(str(abs(value)))} digits is beyond any float") from None
+
+
 def resolve_strategy_params(name: str, given: Mapping[str, Setting]) -> tuple[dict[str, Any], dict[str, Setting]]:
     """Constructor parameters of strategy ``name``: the user's over the class defaults.
 
@@ -120,6 +131,8 @@ def resolve_strategy_params(name: str, given: Mapping[str, Setting]) -> tuple[di
     unknown = sorted(set(given) - accepted)
     if unknown:
         raise StrategyError(f"strategy {name!r} has no parameter(s) {unknown}; it takes {sorted(accepted)}")
+    for key, setting in given.items():
+        _check_fits_float(f"strategy parameter {key}", setting.value)
     defaults = _defaults(cls)
     out: dict[str, Setting] = {}
     for key in sorted(accepted):

@@ -302,3 +302,15 @@ def test_a_container_s_cpu_quota_caps_the_default_workers(tmp_path: Path, text: 
     assert cpu_quota(cpu_max) == cores
     affinity = len(os.sched_getaffinity(0))
     assert default_workers(cpu_max) == max(1, min(affinity, cores or affinity, 4))
+
+
+@pytest.mark.parametrize("key", ["kappa", "alpha", "beta"])
+def test_a_strategy_parameter_beyond_a_float_is_refused_by_name(tmp_path, key: str) -> None:
+    """bench/fuzz.py found kappa = (a 400-digit integer) ending in OverflowError in a grouping check."""
+    from device.errors import CoveyError
+    from server.simulation.run import prepare
+
+    path = tmp_path / "big.toml"
+    path.write_text(f'[strategy]\nname = "fedgsp"\n{key} = {10**400}\n')
+    with pytest.raises(CoveyError, match=f"strategy parameter {key} = an integer of 401 digits"):
+        prepare(load_config(path))
