@@ -20,6 +20,7 @@ import numpy as np
 from device.data import Dataset, read_leaf
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
+from server.reference import server_norm
 from server.rounds import RoundRecord
 from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData
@@ -80,6 +81,7 @@ def simulate(
         faults=Faults(scale={POISONER: scale}) if scale is not None else None,
         screening=screening,
         server_eval=server_evaluator(model_path, eval_data),
+        reference=server_norm(model_path, eval_data),  # as the coordinator with --eval-data
     )
     records = sim.run(rounds)
     assert strategy.global_weights is not None

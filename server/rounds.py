@@ -37,14 +37,15 @@ import numpy as np
 from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
+from server.defense import AGGREGATE_REASON, OVERCLAIM_REASON, Defense, ServerNorm
 from server.metrics import pairwise_cpd
 from server.screening import EMPTY_REASON as EMPTY
 from server.screening import REASON as SCREENED
-from server.screening import Rejection, ScreeningConfig, screen_results, screen_updates, without_empty_members
+from server.screening import Rejection, ScreeningConfig, screen_updates, without_empty_members
 from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
-DEFAULT_SCREENING = ScreeningConfig()  # on: the norm bound at 10x the median, FedAvg's mean
+DEFAULT_SCREENING = ScreeningConfig()  # on: refused above 10x the reference, clipped above 3x, weights capped
 
 
 @dataclass(frozen=True)
@@ -211,8 +212,11 @@ class RoundDriver:
     cost_model : FedGSP Eq. (15)-(17) parameters.
     last_round : the run's last round (to score it even off the schedule).
     max_attempts : plans per round at most when every sampled device fails (1: no retry).
-    screening : the update-norm bound and the aggregation rule (:mod:`server.screening`;
-        ``None``: no screening, the sample-weighted mean).
+    screening : the bounds on claims and updates and the aggregation rule
+        (:mod:`server.defense`; ``None``: none, the sample-weighted mean, and only the
+        guard on the aggregate).
+    reference : the norm of an update the server trains on its own data
+        (:func:`server.reference.server_norm`), one entry of screening's reference.
     """
 
     def __init__(
@@ -227,12 +231,15 @@ class RoundDriver:
         last_round: int | None = None,
         max_attempts: int = 3,
         screening: ScreeningConfig | None = DEFAULT_SCREENING,
+        reference: ServerNorm | None = None,
     ) -> None:
         if max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
         self.max_attempts = max_attempts
         self.screening = screening
+        self.defense = Defense(screening, reference)
         self._rejections: list[Rejection] = []  # this round's, until its record is written
+        self._refused: list[tuple[str, str | None]] = []  # (reason, device) refused beyond screening
         self.strategy, self.backend, self.seed = strategy, backend, int(seed)
         self.federated_eval_every = federated_eval_every
         self.server_eval = server_eval
@@ -282,14 +289,14 @@ class RoundDriver:
             if _nothing_returned(plan, results):
                 extra["failed_round"] = 1.0
         trained = sum(len(r.members) for r in results)
-        results, empty = without_empty_members(results)  # always: a zero weight breaks every average
-        self.note_rejections(empty)
-        if self.screening is not None:
-            results, rejections, ratio = screen_results(plan, results, self.screening)
-            self.note_rejections(rejections)
-            if np.isfinite(ratio):
-                extra["update_norm_max_ratio"] = ratio  # the largest update over its median
+        results = self._defend(plan, results, extra)
+        before = None if self.strategy.global_weights is None else self.strategy.global_weights.copy()
         summary = self.strategy.aggregate(self.rnd, plan, results)
+        why = self.defense.guard(before, self.strategy.global_weights)
+        if why is not None:  # the previous global model stays
+            log.warning("round %d: the new global model is not applied: %s", self.rnd, why)
+            self.strategy.global_weights = before
+            self._refused.append((AGGREGATE_REASON, None))
         fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
         srv_acc, srv_loss = (float("nan"), float("nan"))
         if self.server_eval is not None and self.strategy.global_weights is not None:
@@ -303,6 +310,11 @@ class RoundDriver:
             extra["wire_bytes"] = float(sent)
             extra["wire_radio_bytes"] = float(sent + stats.wire_bytes.get("peer", 0))
         dropped, rejected = dict(stats.dropped), dict(stats.rejected)
+        for reason, device in self._refused:
+            dropped[reason] = dropped.get(reason, 0) + 1
+            if device is not None:
+                rejected[device] = rejected.get(device, 0) + 1
+        self._refused = []
         if self._rejections:
             for r in self._rejections:
                 reason = EMPTY if r.kind == "empty" else SCREENED
@@ -336,6 +348,32 @@ class RoundDriver:
         )
         self.records.append(record)
         return record
+
+    def _defend(self, plan: RoundPlan, results: list[GroupResult], extra: dict[str, float]) -> list[GroupResult]:
+        """Claims bounded, updates screened and clipped (:mod:`server.defense`); what was
+        done goes to the record (``extra``, and refusals by reason and device)."""
+        results, empty = without_empty_members(results)  # always: a zero weight breaks every average
+        self.note_rejections(empty)
+        clients = self.backend.clients()
+        bounded = self.defense.bound(results, clients)
+        for device in bounded.overclaimed:
+            log.warning("round %d: %s claimed more samples than it registered; counted as registered", self.rnd, device)
+            self._refused.append((OVERCLAIM_REASON, device))
+        if bounded.capped:
+            extra["weights_capped"] = float(bounded.capped)
+        server = self.defense.server_norm(plan, self.seed, clients) if self.screening is not None else None
+        screened = self.defense.screen(plan, bounded.results, server)
+        self.note_rejections(screened.rejections)
+        if screened.clipped:
+            extra["clipped"] = float(len(screened.clipped))
+            for devices, kind, factor in screened.clipped:
+                log.info("round %d: clipped the %s update of %s by %.3g", self.rnd, kind, ", ".join(devices), factor)
+        if server is not None and np.isfinite(server):
+            extra["server_update_norm"] = server
+        bounded_norms = self.screening is not None and self.screening.norm_factor is not None
+        if bounded_norms and np.isfinite(screened.max_ratio):
+            extra["update_norm_max_ratio"] = screened.max_ratio  # the largest update over its reference
+        return screened.results
 
     def _plan_and_execute(self, planned: RoundPlan | None) -> tuple[RoundPlan, list[GroupResult], set[str], int]:
         """Plan and run the round; plan again without the failed devices while nothing

@@ -66,11 +66,12 @@ from server.artifact import artifact_for_devices
 from server.coordinator.admission import Admission
 from server.coordinator.execution import RoundExecution
 from server.coordinator.persistence import Persistence
-from server.coordinator.registry import Registry
+from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
 from server.links import DEFAULT_BANDWIDTH_HZ, MAX_PROBE_PEERS, LinkBook, LinkMatrices, probe_peers
+from server.reference import server_norm
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
@@ -211,6 +212,9 @@ class Coordinator(Persistence):
             server_eval=self._server_eval if eval_data is not None else None,
             max_attempts=config.round_attempts,
             screening=config.screening,
+            # the server's own update on its held-out data: screening's reference when a round
+            # has one or two chains (server/reference.py)
+            reference=server_norm(model_path, eval_data) if eval_data is not None and config.screening else None,
         )
         self.driver.on_planned = self._journal
 
@@ -380,9 +384,6 @@ class Coordinator(Persistence):
             if not self.requests.on_result(device, body):
                 raise ProtocolError(f"{body.kind} result from {device} for task {body.task_id!r} nobody waits for")
             return
-        if len(body.class_counts) == self.manifest.n_classes:
-            counts = np.asarray(body.class_counts, np.float64)
-            rec.info = ClientInfo(device, int(counts.sum()), counts, rec.info.n_test)
         if msg.round != self.round:
             raise ProtocolError(f"result of round {msg.round} from {device}; the current round is {self.round}")
         outcome = self.execution.on_result(device, body)
@@ -391,9 +392,21 @@ class Coordinator(Persistence):
         elif outcome == "unexpected":
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
         else:
+            self._note_counts(rec, body.class_counts)
             self.registry.note_telemetry(device, msg.round, body.telemetry)
             if body.inbound is not None:
                 self._on_inbound(device, body.task_id, body.inbound)
+
+    def _note_counts(self, rec: DeviceRecord, counts: tuple[int, ...]) -> None:
+        """A result's class counts: the device's data may shift (FlexCFL's migration reads
+        them), but never beyond the samples it registered, which bound its weight
+        (server/claims.py). Other counts are ignored and counted."""
+        if len(counts) != self.manifest.n_classes or list(counts) == list(rec.info.class_counts):
+            return
+        if sum(counts) > rec.info.n_samples:
+            self.drop("implausible class counts", f"{rec.info.client_id}: {sum(counts)} > {rec.info.n_samples}")
+            return
+        rec.info = ClientInfo(rec.info.client_id, rec.info.n_samples, np.asarray(counts, np.float64), rec.info.n_test)
 
     def _on_inbound(self, device: str, task_id: str, inbound: InboundTransfer) -> None:
         """How fast ``device``'s start model reached it: a goodput of the path from the

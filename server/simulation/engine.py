@@ -54,6 +54,7 @@ from device.protocol import (
     wire_bits,
 )
 from server.costs import CostModel
+from server.defense import ServerNorm
 from server.downlink import DownlinkModels
 from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
 from server.screening import ScreeningConfig, update_norm
@@ -180,7 +181,8 @@ class VirtualDevices:
     # -- Backend --------------------------------------------------------------------------
     def _info(self, cid: str) -> ClientInfo:
         d = self.federation[cid]
-        return ClientInfo(cid, len(d.train), class_counts(d.train.y, self.n_classes), len(d.test))
+        counts = self.faults.claimed_counts(cid, class_counts(d.train.y, self.n_classes))
+        return ClientInfo(cid, int(counts.sum()), counts, len(d.test))
 
     def clients(self) -> Sequence[ClientInfo]:
         return [self._info(c) for c in self.ids]
@@ -472,6 +474,9 @@ class Simulation:
         ``None``: none, FedAvg's mean.
     server_eval : the global model's accuracy and loss on a held-out set (as the
         coordinator's ``--eval-data``).
+    reference : the norm of an update the server trains on that held-out set
+        (:func:`server.reference.server_norm`; the coordinator computes it when it has
+        ``--eval-data``), one entry of screening's reference.
     codec : how models travel (see :class:`VirtualDevices`).
     handoff : chain hand-offs (see :class:`VirtualDevices`).
     """
@@ -494,6 +499,7 @@ class Simulation:
         max_attempts: int = 3,
         screening: ScreeningConfig | None = DEFAULT_SCREENING,
         server_eval: ServerEvaluator | None = None,
+        reference: ServerNorm | None = None,
         codec: WireCodec = "fp32",
         handoff: Handoff = "auto",
     ) -> None:
@@ -521,6 +527,7 @@ class Simulation:
             max_attempts=max_attempts,
             screening=screening,
             server_eval=server_eval,
+            reference=reference if screening is not None else None,
         )
         self.driver.setup(self.devices.initial_weights())
 

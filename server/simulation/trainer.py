@@ -69,20 +69,21 @@ class Trainer:
             res = train_locally(
                 self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
             )
-            trained = self.faults.poisoned(c, current, res.weights)
+            trained = self.faults.poisoned(c, current, res.weights, rnd)
             payload = encode_float(trained, codec)
             size = frame_bytes(payload, codec)
             sent += size
             handed_on += size if i < len(members) - 1 else 0
             current = trained if resend and i == len(members) - 1 else decode(payload, codec)
-            out.append(MemberResult(c, res.n_samples, res.loss))
+            out.append(MemberResult(c, self.faults.claimed(c, res.n_samples), res.loss))
         return ChainOutcome(current, tuple(out), sent, handed_on)
 
     def parallel(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> MemberResult:
         res = train_locally(
             self.model, self.data[client].train, settings, start=weights, seed=seed, rnd=rnd, device_id=client
         )
-        return MemberResult(client, res.n_samples, res.loss, self.faults.poisoned(client, weights, res.weights))
+        claimed = self.faults.claimed(client, res.n_samples)
+        return MemberResult(client, claimed, res.loss, self.faults.poisoned(client, weights, res.weights, rnd))
 
     def pretrain(
         self, weights: np.ndarray, client: str, steps: int, batch: int, lr: float, seed: int, rnd: int

@@ -1,5 +1,6 @@
-"""Screening what devices send: the update-norm bound against the round's median, in
-parallel groups, chains and pre-training; counted per device in the round record."""
+"""Screening what devices send: refusal and clipping against a reference (the round's
+lower median, past rounds, the server's own update), in parallel groups, chains and
+pre-training; counted per device in the round record."""
 
 from __future__ import annotations
 
@@ -10,7 +11,16 @@ import pytest
 
 from server.errors import StrategyError
 from server.rounds import RoundDriver
-from server.screening import NORM_CHUNK, ScreeningConfig, norm_outliers, screen_results, screen_updates, update_norm
+from server.screening import (
+    NORM_CHUNK,
+    ScreeningConfig,
+    lower_median,
+    norm_outliers,
+    reference_norm,
+    screen_results,
+    screen_updates,
+    update_norm,
+)
 from server.strategies import make_strategy
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan, TrainConfig
 from tests.server.test_retry import IDS, FakeDevices
@@ -53,13 +63,13 @@ def test_a_boosted_parallel_member_loses_its_model_and_is_named() -> None:
     plan, results = _parallel({"a": 1.0, "b": 1.1, "c": 0.9, "p": 100.0})
 
     # Execute
-    screened, rejections, ratio = screen_results(plan, results, ScreeningConfig())
+    out = screen_results(plan, results, ScreeningConfig())
 
     # Assert
-    kept = {m.client_id: m.weights is not None for m in screened[0].members}
+    kept = {m.client_id: m.weights is not None for m in out.results[0].members}
     assert kept == {"a": True, "b": True, "c": True, "p": False}  # p trained; its model is refused
-    assert [(r.devices, r.kind) for r in rejections] == [(("p",), "member")]
-    assert ratio == pytest.approx(100 / 1.05, rel=1e-5)
+    assert [(r.devices, r.kind) for r in out.rejections] == [(("p",), "member")]
+    assert out.max_ratio == pytest.approx(100 / 1.0, rel=1e-5)  # the lower median of 0.9, 1, 1.1, 100 is 1
 
 
 def test_a_chain_whose_delta_is_far_above_the_other_chains_is_refused() -> None:
@@ -69,16 +79,83 @@ def test_a_chain_whose_delta_is_far_above_the_other_chains_is_refused() -> None:
         GroupResult(g, (MemberResult(f"c{g}a", 5, 1), MemberResult(f"c{g}b", 5, 1)), f) for g, f in enumerate(finals)
     ]
 
-    screened, rejections, _ = screen_results(plan, results, ScreeningConfig())
+    out = screen_results(plan, results, ScreeningConfig())
 
-    assert [r.final_weights is not None for r in screened] == [True, True, True, False]
-    assert rejections[0].devices == ("c3a", "c3b") and rejections[0].kind == "chain"
+    assert [r.final_weights is not None for r in out.results] == [True, True, True, False]
+    assert out.rejections[0].devices == ("c3a", "c3b") and out.rejections[0].kind == "chain"
 
 
-def test_without_a_norm_factor_nothing_is_screened() -> None:
+def test_without_a_norm_factor_nothing_is_screened_or_clipped() -> None:
     plan, results = _parallel({"a": 1.0, "b": 1.1, "c": 0.9, "p": 100.0})
-    screened, rejections, ratio = screen_results(plan, results, ScreeningConfig(norm_factor=None))
-    assert screened == results and rejections == [] and np.isnan(ratio)
+    out = screen_results(plan, results, ScreeningConfig(norm_factor=None))
+    assert out.results == results and out.rejections == [] and out.clipped == []
+    assert out.max_ratio == pytest.approx(100.0)  # measured all the same
+
+
+def test_an_update_between_the_clip_and_the_refusal_bound_is_scaled_down_to_the_clip() -> None:
+    # Prepare: b is 6 times the others: above the clip (3x), below the refusal (10x)
+    plan, results = _parallel({"a": 1.0, "b": 6.0, "c": 1.0, "d": 1.0})
+
+    # Execute
+    out = screen_results(plan, results, ScreeningConfig(norm_factor=10.0, clip_factor=3.0))
+
+    # Assert: b keeps its direction at 3 times the reference; the others are untouched
+    models = {m.client_id: m.weights for m in out.results[0].members}
+    np.testing.assert_allclose(models["b"], START + 3.0, rtol=1e-6)
+    assert update_norm(START, models["b"]) == pytest.approx(6.0)  # 3 x the reference norm 2 (= ||1,1,1,1||)
+    np.testing.assert_array_equal(models["a"], START + 1)
+    assert [(d, k, round(f, 6)) for d, k, f in out.clipped] == [(("b",), "member", 0.5)]
+    assert sorted(out.accepted["member"]) == pytest.approx([2.0, 2.0, 2.0, 2.0])  # history: at most the reference
+
+
+def test_the_reference_is_the_lower_median_of_the_round_the_past_and_the_server() -> None:
+    assert lower_median([3.0, 1.0, 2.0, 100.0]) == 2.0  # the smaller of the two middle values
+    assert lower_median([5.0, 500.0]) == 5.0
+    assert np.isnan(lower_median([]))
+    assert np.isnan(reference_norm([1.0, 100.0], [], None, 3))  # too few entries: no bound
+    assert reference_norm([1.0, 100.0], [1.2, 0.9], None, 3) == 1.0  # history fills in
+    assert reference_norm([100.0], [], 1.0, 3) == 1.0  # the server's own update suffices
+
+
+@pytest.mark.parametrize(
+    ("past", "server"),
+    [({"chain": [0.5, 0.55]}, None), ({}, 0.5)],
+    ids=["past rounds", "the server's update"],
+)
+def test_one_boosted_chain_of_two_is_refused_with_history_or_the_servers_update(
+    past: dict[str, list[float]], server: float | None
+) -> None:
+    """FedGSP's two chains a round on a small site: the round's median of two cannot tell
+    a x100 chain from the honest one; the past rounds or the server's update can."""
+    # Prepare: two chains of one member; per member norms 0.5 and 50
+    plan = RoundPlan(3, tuple(GroupPlan(g, (f"m{g}",), "chain", "g") for g in range(2)), {"g": START})
+    results = [
+        GroupResult(0, (MemberResult("m0", 5, 1),), START + np.float32(0.25)),
+        GroupResult(1, (MemberResult("m1", 5, 1),), START + np.float32(25.0)),
+    ]
+
+    # Execute
+    out = screen_results(plan, results, ScreeningConfig(), past, server)
+    alone = screen_results(plan, results, ScreeningConfig())
+
+    # Assert
+    assert [r.final_weights is not None for r in out.results] == [True, False]
+    assert [r.devices for r in out.rejections] == [("m1",)]
+    assert alone.rejections == [] and np.isnan(alone.max_ratio)  # the round alone: no reference
+
+
+def test_a_chain_is_compared_per_member() -> None:
+    """A chain of four honest members moves about twice as far as one member: per member
+    (over the square root of its length) it is like the others, not clipped."""
+    groups = (GroupPlan(0, ("a", "b", "c", "d"), "chain", "g"), GroupPlan(1, ("e",), "chain", "g"))
+    plan = RoundPlan(1, groups, {"g": START})
+    results = [
+        GroupResult(0, tuple(MemberResult(c, 5, 1) for c in "abcd"), START + np.float32(1.0)),
+        GroupResult(1, (MemberResult("e", 5, 1),), START + np.float32(0.5)),
+    ]
+    out = screen_results(plan, results, ScreeningConfig(), {"chain": [1.0]}, None)
+    assert out.clipped == [] and out.rejections == []
+    assert sorted(out.accepted["chain"]) == pytest.approx([1.0, 1.0])
 
 
 def test_pretraining_updates_are_screened_alike() -> None:
@@ -88,12 +165,17 @@ def test_pretraining_updates_are_screened_alike() -> None:
     kept, rejections = screen_updates(updates, ScreeningConfig())
 
     assert sorted(kept) == list("abcd") and rejections[0].devices == ("p",) and rejections[0].kind == "pretrain"
+    np.testing.assert_array_equal(kept["a"], updates["a"])  # below the clip: unchanged
 
 
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"norm_factor": 1.0}, "above 1"),
+        ({"clip_factor": 0.5}, "clip factor"),
+        ({"clip_factor": 20.0}, "clip factor"),
+        ({"history_rounds": -1}, "history_rounds"),
+        ({"weight_cap": 0.5}, "weight cap"),
         ({"min_updates": 2}, ">= 3"),
         ({"aggregation": "mode"}, "aggregation must be one of"),
         ({"trim": 0.5}, r"\[0, 0.5\)"),
@@ -209,7 +291,7 @@ def test_a_norm_the_server_measured_on_receipt_is_the_one_screened() -> None:
     plan, results = _parallel({"a": 1.0, "b": 1.1, "c": 0.9, "d": 1.0})
     measured = [replace(m, norm=100.0 if m.client_id == "d" else None) for m in results[0].members]
 
-    screened, rejections, _ = screen_results(plan, [GroupResult(0, tuple(measured))], ScreeningConfig())
+    out = screen_results(plan, [GroupResult(0, tuple(measured))], ScreeningConfig())
 
-    assert [(r.devices, r.norm) for r in rejections] == [(("d",), 100.0)]
-    assert {m.client_id for m in screened[0].members if m.weights is None} == {"d"}
+    assert [(r.devices, r.norm) for r in out.rejections] == [(("d",), 100.0)]
+    assert {m.client_id for m in out.results[0].members if m.weights is None} == {"d"}

@@ -27,7 +27,7 @@ SETTINGS = {
     "flexcfl": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
     "ifca": {"n_groups": 3, "clients_per_round": 10},
     "fesem": {"n_groups": 3, "clients_per_round": 10},
-    "fedavg_ic": {"n_groups": 3, "tau1": 20, "tau2": 2},  # 8 rounds: several global aggregations
+    "fedavg_ic": {"n_groups": 3, "tau1": 20, "tau2": 2},  # 10 rounds: several global aggregations
     "hierfavg": {"n_groups": 3, "tau1": 20, "tau2": 2},
 }
 
@@ -47,11 +47,13 @@ def test_strategy_trains_and_improves_accuracy(model, name: str) -> None:
     fed = synthetic(1, 1, 30, seed=0)
     sim = Simulation(make_strategy(name, train=TRAIN, **SETTINGS[name]), fed, model, seed=1)
 
-    # Execute
-    records = sim.run(8)
+    # Execute: 10 rounds. Synthetic's sizes are lognormal, and the default weight cap
+    # (server/claims.py) slows FedAvg-IC's first rounds: 29 % at round 8 (39 % without
+    # the cap), 42 % at round 10, both about 49 % at round 12
+    records = sim.run(10)
 
     # Assert
-    assert [r.round for r in records] == list(range(1, 9))
+    assert [r.round for r in records] == list(range(1, 11))
     assert records[-1].federated_accuracy > records[0].federated_accuracy
     assert max(r.federated_accuracy for r in records) > 0.3  # chance is 0.1
     assert all(np.isfinite(r.train_loss) for r in records)

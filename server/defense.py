@@ -1,0 +1,107 @@
+"""The round driver's defences against dishonest devices, and the state they keep.
+
+One :class:`Defense` per run, used by :class:`server.rounds.RoundDriver` in simulation
+and on boards alike, in this order each round:
+
+1. :meth:`Defense.bound` — sample counts at most what each device registered and a cap
+   over the population (:mod:`server.claims`);
+2. :meth:`Defense.screen` — updates refused or clipped against a reference built from
+   the round, the last rounds and the server's own update (:mod:`server.screening`,
+   :mod:`server.reference`); the accepted norms become history;
+3. :meth:`Defense.guard` — after the strategy aggregated: a global model that is not
+   finite, or that moved more than :data:`GUARD_FACTOR` times the reference (or, with
+   no reference yet, more than its own norm times :data:`MODEL_GUARD`), is never
+   applied: the previous one stays. This holds with screening off too (one ×10³⁰
+   update froze such a run for good).
+
+With ``screening=None`` the run has no bounds at all but the guard.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from server.claims import Bounded, bound_claims
+from server.screening import Screened, ScreeningConfig, lower_median, screen_results, update_norm
+from server.strategies.base import ClientInfo, GroupResult, RoundPlan
+
+log = logging.getLogger("covey.server")
+# The aggregate may move at most this many references: a mean of accepted updates moves
+# at most one clipped update (3 references); a server optimizer's step is larger (FedAdam
+# with η = 0.01 moved the FEMNIST MLP about 16 member references in a round).
+GUARD_FACTOR = 1000.0
+MODEL_GUARD = 10.0  # without a reference: at most ten times the model's own norm
+OVERCLAIM_REASON = "refused: sample count above registration"
+AGGREGATE_REASON = "refused: aggregate not finite or exploding"
+# (start model, the round's plan, the run's seed, samples) -> the norm of the server's update
+ServerNorm = Callable[[np.ndarray, RoundPlan, int, int], float]
+
+
+class Defense:
+    """Bounds, screening and the aggregate guard of one run (see the module docstring).
+
+    Parameters
+    ----------
+    config : the bounds; ``None``: none but the guard.
+    reference : the server's own update norm for a plan's start model
+        (``reference(start, plan, seed, n_samples)``), or ``None`` without server data.
+    """
+
+    def __init__(self, config: ScreeningConfig | None, reference: ServerNorm | None = None) -> None:
+        self.config = config
+        self.reference = reference
+        rounds = config.history_rounds if config is not None else 3
+        self.history: dict[str, deque[list[float]]] = {k: deque(maxlen=max(rounds, 1)) for k in ("member", "chain")}
+        self.keep_history = rounds > 0 or config is None
+
+    # -- 1. claims ----------------------------------------------------------------------
+    def bound(self, results: Sequence[GroupResult], clients: Sequence[ClientInfo]) -> Bounded:
+        registered = {c.client_id: int(c.n_samples) for c in clients}
+        cap = self.config.weight_cap if self.config is not None else None
+        return bound_claims(results, registered, cap)
+
+    # -- 2. screening -------------------------------------------------------------------
+    def past(self) -> dict[str, list[float]]:
+        return {kind: [v for rnd in rounds for v in rnd] for kind, rounds in self.history.items()}
+
+    def server_norm(self, plan: RoundPlan, seed: int, clients: Sequence[ClientInfo]) -> float | None:
+        """The server's update norm from the plan's first start model, as large as the
+        median registered device; ``None`` without server data or groups."""
+        if self.reference is None or not plan.groups:
+            return None
+        counts = [c.n_samples for c in clients if c.n_samples > 0]
+        n = int(np.median(counts)) if counts else 1
+        start = plan.models[plan.groups[0].start_model]
+        return float(self.reference(start, plan, seed, n))
+
+    def screen(self, plan: RoundPlan, results: Sequence[GroupResult], server: float | None) -> Screened:
+        """Refuse and clip (only measure with screening off); remember what was accepted."""
+        config = self.config if self.config is not None else ScreeningConfig(norm_factor=None, clip_factor=None)
+        past = self.past() if self.config is not None and self.config.history_rounds > 0 else {}
+        screened = screen_results(plan, results, config, past, server)
+        for kind, values in screened.accepted.items():
+            if kind in self.history:
+                self.history[kind].append(list(values))
+        return screened
+
+    # -- 3. the aggregate -----------------------------------------------------------------
+    def guard(self, before: np.ndarray | None, after: np.ndarray | None) -> str | None:
+        """Why the new global model ``after`` must not replace ``before`` (None: it may)."""
+        if after is None or before is None:
+            return None
+        if not bool(np.isfinite(after).all()):
+            return "the aggregate holds NaN or infinite values"
+        moved = update_norm(before, after)
+        scale = lower_median([v for rounds in self.history.values() for rnd in rounds for v in rnd])
+        if np.isfinite(scale) and scale > 0:
+            if moved > GUARD_FACTOR * scale:
+                return f"the aggregate moved {moved:.4g}, more than {GUARD_FACTOR:g} x the reference {scale:.4g}"
+            return None
+        size = float(np.linalg.norm(np.asarray(before, np.float64)))
+        if size > 0 and moved > MODEL_GUARD * size:
+            return f"the aggregate moved {moved:.4g}, more than {MODEL_GUARD:g} x the model's norm {size:.4g}"
+        return None
