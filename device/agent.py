@@ -40,6 +40,7 @@ from device.protocol import (
     EvaluateRequest,
     FrameHeader,
     LinkProbeRequest,
+    Listen,
     Message,
     Ping,
     Pong,
@@ -108,6 +109,8 @@ class Agent:
         self._frames = Reassembler(max_pending_bytes=512 * 1024 * 1024)
         self._waiting = WaitingTasks()  # requests waiting for their model(s)
         self._shared_subscribed: set[str] = set()
+        self._peers_subscribed: set[str] = set()  # peers whose hand-off topic to this device is subscribed
+        self._listening: dict[str, float] = {}  # peer -> until when (monotonic) a listen lets it in
         self._server_epoch: str | None = None
         self.running = True
         self.prober: LinkProber | None = None  # the link-probe request in progress
@@ -131,10 +134,11 @@ class Agent:
     def start(self, connect_timeout: float = 15.0) -> None:
         self.link.connect(connect_timeout)
         t = self.topics
+        # no wildcard over the hand-off topics: a peer is heard only while a request or a
+        # listen names it (_sync_peers), so a device no round pairs with cannot flood this one
         self.link.subscribe(
             t.inbox(self.me),
             t.frames(self.me),
-            t.handoff_filter(self.me),
             t.artifact_manifest,
             t.artifact_filter,
             t.server_status,
@@ -306,6 +310,12 @@ class Agent:
             log.info("%s: the server holds %d of my results; forgot them", self.me, n)
         elif isinstance(body, (TrainRequest, PretrainRequest, EvaluateRequest)):
             self._accept_request(body, msg.round)
+        elif isinstance(body, Listen):
+            until = time.monotonic() + body.seconds
+            for peer in body.peers:
+                if peer != self.me:
+                    self._listening[peer] = max(self._listening.get(peer, 0.0), until)
+            self._sync_peers()
         elif isinstance(body, LinkProbeRequest):
             if self.prober is not None and self.prober.task_id == body.task_id:
                 self.stats.drop("duplicate link probe request")  # QoS 1 may bring it twice
@@ -315,6 +325,7 @@ class Agent:
             self.prober = LinkProber(
                 self.me, self.topics, body, msg.round, publish=self._publish, send=self._send, wifi=read_wifi
             )
+            self._sync_peers()  # its echoes come back on the peers' hand-off topics
             self.prober.start()
         else:
             raise ProtocolError(f"devices do not handle {msg.type!r} messages")
@@ -331,6 +342,7 @@ class Agent:
             self.stats.drop("duplicate request (result sent again)" if resent else "duplicate request")
             return
         self._waiting.add(request, rnd)
+        self._sync_peers()  # a chain's predecessor hands its model on straight to this device
         log.info("%s: round %d %s request %s; waiting for its model", self.me, rnd, type(request).__name__, task_id)
         new = [k for k in request.shared if k not in self._shared_subscribed]
         if new:
@@ -362,6 +374,25 @@ class Agent:
                     runner.train(task.request, task.round, task.weights, task.key, task.inbound, task.exclusive)
         finally:
             self._drop_unused_shared()
+            self._sync_peers()
+
+    def _sync_peers(self) -> None:
+        """Subscribe to exactly the peers this device may hear from now: the predecessors of
+        its waiting train requests, the peers it probes, and those a listen names, until
+        it expires. The broker's ACL binds a hand-off topic to its sender (``from/%u``),
+        so no other device's frame is delivered here."""
+        now = time.monotonic()
+        self._listening = {p: until for p, until in self._listening.items() if until > now}
+        wanted = set(self._listening) | self._waiting.predecessors()
+        if self.prober is not None and not self.prober.done:
+            wanted |= set(self.prober.paths) - {SERVER_ID}
+        wanted.discard(self.me)
+        new, old = wanted - self._peers_subscribed, self._peers_subscribed - wanted
+        if new:
+            self.link.subscribe(*(self.topics.handoff(self.me, p) for p in sorted(new)))
+        if old:
+            self.link.unsubscribe(*(self.topics.handoff(self.me, p) for p in sorted(old)))
+        self._peers_subscribed = wanted
 
     def _tick_prober(self) -> None:
         """Time out a probe; what goes wrong is logged and ends the measurement, not the agent."""

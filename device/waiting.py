@@ -83,6 +83,14 @@ class WaitingTasks:
     def clear(self) -> None:
         self._tasks.clear()
 
+    def predecessors(self) -> set[str]:
+        """Devices that may hand a model straight to a waiting train request."""
+        return {
+            t.request.predecessor
+            for t in self._tasks.values()
+            if isinstance(t.request, TrainRequest) and t.request.predecessor != SERVER_ID
+        }
+
     def shared_keys(self) -> set[str]:
         """Shared models some waiting task still needs."""
         return {k for task in self._tasks.values() for k in task.request.shared}

@@ -122,6 +122,23 @@ class _Checks:
     def quiet(self, since: int, topic: str, task: str, kind: str) -> bool:
         return self.output(since, topic, task, kind, timeout=QUIET_S) is None
 
+    def handled(self, timeout: float = 10.0) -> bool:
+        """Wait until the device has handled every inbox message sent so far: a device
+        handles its inbox in order, so its pong to a ping sent now comes after that.
+        A chain member subscribes to its predecessor's hand-off topic when it handles
+        the request (docs/protocol.md, "Hand-offs"); a predecessor publishes after."""
+        since, t = len(self.kit.seen), time.time()
+        self.kit._request(Ping(t), 0)
+        pong = self.kit.wait_for(
+            lambda i: next(
+                (m for m, _ in self.kit._messages(i, "results") if isinstance(m.body, Pong) and m.body.echo == t),
+                None,
+            ),
+            timeout,
+            since,
+        )
+        return pong is not None
+
     # -- scenarios -----------------------------------------------------------------------
     def ping(self) -> None:
         since, t = len(self.kit.seen), time.time()
@@ -224,6 +241,7 @@ class _Checks:
     def handoff(self) -> tuple[str, Output | None]:
         since, task = len(self.kit.seen), self.kit._task("chn")
         self.train(task, group=1, position=1, mode="chain", predecessor=PEER, next=DeviceHop(SINK, "sink-task"))
+        self.handled()
         self.send(self.start, task, sender=PEER)
         out = self.output(since, self.t.handoff(SINK, self.me), "sink-task", "handoff")
         res = self.result(since, task, TrainResult)
@@ -303,6 +321,7 @@ class _Checks:
     def wrong_predecessor(self) -> None:
         since, task = len(self.kit.seen), self.kit._task("prd")
         self.train(task, position=1, mode="chain", predecessor=PEER, next=DeviceHop(SINK, "sink-2"))
+        self.handled()
         self.send(self.start, task, sender="conformance-intruder")
         ignored = self.quiet(since, self.t.handoff(SINK, self.me), "sink-2", "handoff")
         self.send(self.start, task, sender=PEER)

@@ -284,6 +284,23 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Listen:
+    """Server to device: take direct frames from ``peers`` (link probes, and their echoes)
+    for the next ``seconds``. A device subscribes to a peer's hand-off topic only while a
+    ``train`` request names that peer as its predecessor or a ``listen`` names it, so a
+    device that no round and no measurement pairs with it cannot reach it at all (the
+    broker delivers a frame only to a subscriber). The coordinator sends one before it
+    measures links: each device hears the peers it probes and those that probe it."""
+
+    peers: Annotated[tuple[DeviceId, ...], MaxLen(512)]
+    seconds: Annotated[float, Above(0)]
+
+    def __post_init__(self) -> None:
+        if self.seconds > 3600:
+            raise ValueError(f"seconds must be at most 3600, got {self.seconds}")
+
+
+@dataclass(frozen=True)
 class Stop:
     """Leave the run; ``reason`` says why (shown in the device's log)."""
 
@@ -408,6 +425,7 @@ BODY_TYPES: dict[str, Any] = {
     "evaluate": EvaluateRequest,
     "resend": ResendRequest,
     "ping": Ping,
+    "listen": Listen,
     "stop": Stop,
     "assignment": Assignment,
     "status": ServerStatus,
@@ -424,6 +442,7 @@ MessageType = Literal[
     "evaluate",
     "resend",
     "ping",
+    "listen",
     "stop",
     "assignment",
     "status",

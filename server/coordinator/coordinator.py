@@ -43,6 +43,7 @@ from device.protocol import (
     InboundTransfer,
     LinkProbeRequest,
     LinkReport,
+    Listen,
     Message,
     Payload,
     Ping,
@@ -204,6 +205,7 @@ class Coordinator(Persistence):
         self.link_matrices: LinkMatrices | None = None  # the latest: probes, refined by the rounds' transfers
         self.probed_matrices: LinkMatrices | None = None  # the last probe measurement's (what grouping started on)
         self._link_requests = 0
+        self._pong_at: dict[str, float] = {}  # device -> the server time its latest pong echoed
         self.driver = RoundDriver(
             strategy,
             self,
@@ -343,6 +345,7 @@ class Coordinator(Persistence):
                 raise ProtocolError(f"{msg.type!r} on a register topic")
             self._on_register(device, msg.body)
         elif isinstance(msg.body, Pong):
+            self._pong_at[device] = max(self._pong_at.get(device, 0.0), msg.body.echo)
             confirmed = self.registry.pong(device, msg.body)
             self.linkbook.add_rtt(device, self.devices[device].rtt_ms)
             if confirmed is not None and self._started:
@@ -491,15 +494,22 @@ class Coordinator(Persistence):
         ids = self.ready_devices()
         c = self.cfg
         online = [d for d in ids if self.devices[d].online]  # an offline board would only time out
+        n_peers = min(len(online) - 1, MAX_PROBE_PEERS)
+        budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * (n_peers + 1) + 10
+        listen_since = time.time()
+        self._listen_for_probes(online, min(3600.0, c.link_measure_max_s + budget))
         for _ in range(c.link_probes):
             for device in online:
                 msg = Message.of(Ping(time.time()), run=c.run, sender=SERVER_ID, round=self.round)
                 self._publish(self.topics.inbox(device), msg.encode())
+        # a pong to a ping sent after the listen means the device subscribed to its peers
+        # (it handles its inbox in order, and the broker a client's packets in order)
+        deadline = time.monotonic() + min(10.0, budget)
+        while time.monotonic() < deadline and any(self._pong_at.get(d, 0.0) < listen_since for d in online):
+            self.pump(0.05)
         self._link_requests += 1
         task_id = f"{self.epoch}-links{self._link_requests}"
         size = min(c.link_probe_bytes, 4 * self.manifest.n_params)  # the server reassembles at most one model
-        n_peers = min(len(online) - 1, MAX_PROBE_PEERS)
-        budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * (n_peers + 1) + 10
         wave = max(1, c.link_probe_parallel)
         log.info("measuring the links of %d devices, %d at a time (docs/links.md)", len(online), wave)
         give_up = time.monotonic() + c.link_measure_max_s
@@ -557,6 +567,20 @@ class Coordinator(Persistence):
     def snr_matrix(self) -> np.ndarray | None:
         """Γ over the current devices (sorted), from the link measurements."""
         return self.linkbook.matrices(self.ready_devices()).snr_db
+
+    def _listen_for_probes(self, online: Sequence[str], seconds: float) -> None:
+        """Tell every device which peers' probes and echoes to take (devices hear a peer
+        only when told: ``Listen`` in device/protocol/messages.py): those it probes and
+        those that probe it."""
+        hears: dict[str, set[str]] = {d: set() for d in online}
+        for k, device in enumerate(online):
+            for peer in probe_peers(online, k):
+                hears[device].add(peer)
+                hears[peer].add(device)
+        for device, peers in hears.items():
+            if peers:
+                body = Listen(tuple(sorted(peers))[:512], seconds)
+                self._publish(self.topics.inbox(device), Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode())
 
     def links_record(self) -> dict[str, Any] | None:
         """The matrices for results.json: the latest, and under ``probed`` those of the

@@ -26,6 +26,7 @@ from device.protocol import (
     ManagerHop,
     Message,
     PathReport,
+    Listen,
     Ping,
     Pong,
     PretrainRequest,
@@ -66,6 +67,7 @@ EXAMPLES = [
         (PathReport("server", 4, 4, 2.5, 0.3, 4.2e7), PathReport("dev002", 4, 0)),
         WifiInfo("wlan0", "/proc/net/wireless", -61.0, -92.0),
     ),
+    Listen(("peer-a", "peer-b"), 30.0),
 ]
 
 
@@ -111,6 +113,8 @@ def test_each_body_round_trips_and_validates_against_the_schema(body, validator)
         (EXAMPLES[8], {"split": "validation"}, "split must be one of"),
         (EXAMPLES[8], {"n_models": 2, "shared": ["k1"]}, "1 shared keys for 2 models"),
         (EXAMPLES[15], {"probes": 17}, "probes must be at most 16"),
+        (EXAMPLES[-1], {"seconds": 4000}, "seconds must be at most 3600"),
+        (EXAMPLES[-1], {"seconds": 0}, "seconds must be"),
         (EXAMPLES[15], {"peers": "dev001"}, "peers must be a list"),
         (EXAMPLES[16], {"paths": [{"target": "server", "sent": 2, "answered": 3}]}, "3 of 2 probes answered"),
         (EXAMPLES[16], {"paths": [{"target": "server", "sent": 1, "answered": 1, "rtt_ms": -4}]}, "not between 0"),
