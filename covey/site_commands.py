@@ -13,6 +13,8 @@ import contextlib
 import signal
 import socket
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 from types import FrameType
 
@@ -35,6 +37,7 @@ def _cmd_site_init(args: argparse.Namespace) -> int:
         loopback_port=args.loopback_port,
         client_certs=args.client_certs,
         system=args.system,
+        broker_memory_mb=args.broker_memory_mb,
     )
     site = init_site(Path(args.dir), spec, force=args.force)
     s, layout = site.spec, site.layout
@@ -81,11 +84,25 @@ def _port_free(host: str, port: int) -> bool:
     return True
 
 
+def _show_log(proc: subprocess.Popen[str]) -> None:
+    """mosquitto's output, filtered (server/site/broker_log.py), until it ends."""
+    from server.site.broker_log import DeniedCounter
+
+    counter = DeniedCounter()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        for shown in counter.feed(line):
+            print(shown, flush=True)
+    for shown in counter.due(force=True):
+        print(shown, flush=True)
+
+
 def _cmd_broker_run(args: argparse.Namespace) -> int:
     """mosquitto in the foreground with the site's config: SIGTERM and Ctrl-C stop it
     (it saves its sessions first), SIGHUP reloads the passwords and the ACL."""
     from server.broker import mosquitto_binary
     from server.site import load_site
+    from server.site.broker_log import with_denials
 
     site = load_site(Path(args.site))
     conf = site.layout.broker_conf
@@ -100,8 +117,17 @@ def _cmd_broker_run(args: argparse.Namespace) -> int:
             )
     plain = f" and plain MQTT on 127.0.0.1:{site.spec.loopback_port}" if site.spec.loopback_port else ""
     print(f"mosquitto for the covey site {site.spec.run!r}: TLS on port {site.spec.port}{plain}; Ctrl-C stops it")
-    print(f"  mosquitto -c {conf}", flush=True)
-    proc = subprocess.Popen([binary, "-c", str(conf)])
+    print(f"  mosquitto -c {conf}   (with debug logging, filtered: ACL refusals counted per board)", flush=True)
+    # a copy with debug logging: mosquitto shows the ACL's refusals only there
+    # (server/site/broker_log.py); it is read again on SIGHUP, so it lives as long as mosquitto
+    scratch = tempfile.TemporaryDirectory(prefix="covey-broker-")
+    running = Path(scratch.name) / "mosquitto.conf"
+    running.write_text(with_denials(conf.read_text()))
+    proc = subprocess.Popen(
+        [binary, "-c", str(running)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    shown = threading.Thread(target=_show_log, args=(proc,), daemon=True)
+    shown.start()
 
     def forward(signum: int, frame: FrameType | None) -> None:
         proc.send_signal(signum)
@@ -124,6 +150,8 @@ def _cmd_broker_run(args: argparse.Namespace) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shown.join(5)
+        scratch.cleanup()
     if code != 0:
         raise ConfigError(f"mosquitto stopped with status {code}: see its messages above")
     return 0
@@ -156,6 +184,14 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--system",
         action="store_true",
         help="for the system's mosquitto service (as root): persistence in /var/lib/mosquitto",
+    )
+    p.add_argument(
+        "--broker-memory-mb",
+        type=int,
+        default=256,
+        metavar="MB",
+        help="mosquitto's memory_limit: past it the broker refuses messages and disconnects their sender "
+        "(default 256; raise it for models over ~10 MB: at least eight models' worth)",
     )
     p.add_argument("--force", action="store_true", help="replace DIR if it holds anything (boards need new bundles)")
     p.set_defaults(func=_cmd_site_init)

@@ -34,6 +34,7 @@ from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.probing import LinkProber, send_probe_frame
 from device.protocol import (
     FRAME_CODECS,
+    MAX_PROBE_BYTES,
     PROTOCOL_VERSION,
     SERVER_ID,
     Ack,
@@ -64,6 +65,12 @@ from device.worker import ModelWorker
 
 log = logging.getLogger("covey.device")
 
+# Per peer (a chain predecessor, a link-probe peer): what its hand-off lane may hold in
+# the receive queue before the model is known (then two models' worth, _bound_to_model)
+PEER_LANE_MESSAGES = 1_000
+PEER_LANE_BYTES = 64 * 2**20
+PARTIAL_MAX_AGE_S = 120.0  # a partial payload with no chunk for this long is dropped
+
 
 @dataclass
 class AgentConfig:
@@ -87,10 +94,13 @@ class AgentStats:
     def drop(self, reason: str) -> None:
         self.dropped[reason] = self.dropped.get(reason, 0) + 1
 
-    def queue_full(self, total: int) -> None:
-        """The link's count of messages lost to a full receive queue (``device/mqtt.py``)."""
+    def queue_full(self, total: int, by_lane: dict[str, int] | None = None) -> None:
+        """The link's counts of messages lost to a full receive queue, and to a peer's
+        full hand-off lane (``device/mqtt.py``)."""
         if total > self.dropped.get("receive queue full", 0):
             self.dropped["receive queue full"] = total
+        for peer, n in list((by_lane or {}).items()):
+            self.dropped[f"hand-off lane of {peer} full"] = n
 
 
 class Agent:
@@ -106,7 +116,9 @@ class Agent:
         self.model: TFLiteModel | None = None
         self.runner: TaskRunner | None = None
         self.artifact = ArtifactDownload()
-        self._frames = Reassembler(max_pending_bytes=512 * 1024 * 1024)
+        # before the model is known: generous bounds; once it is, two models' worth
+        # (_bound_to_model)
+        self._frames = Reassembler(max_pending_bytes=512 * 1024 * 1024, max_pending_per_sender=PEER_LANE_BYTES)
         self._waiting = WaitingTasks()  # requests waiting for their model(s)
         self._shared_subscribed: set[str] = set()
         self._peers_subscribed: set[str] = set()  # peers whose hand-off topic to this device is subscribed
@@ -128,6 +140,11 @@ class Agent:
             tls=config.tls,
             will=Will(self.topics.status(self.me), b"offline"),
             clean_session=False,
+            # each peer's hand-offs are a lane of their own: a peer that floods this device
+            # fills its own lane, never the server's requests and models
+            lane_of=self._lane_of,
+            lane_max_messages=PEER_LANE_MESSAGES,
+            lane_max_bytes=PEER_LANE_BYTES,
         )
 
     # -- connection ------------------------------------------------------------------------
@@ -182,7 +199,7 @@ class Agent:
             if probing:
                 self._tick_prober()
             item = self.link.receive(timeout=0.05 if probing else 1.0)
-            self.stats.queue_full(self.link.dropped)
+            self.stats.queue_full(self.link.dropped, self.link.dropped_by_lane)
             if item is None:
                 if idle_timeout is not None and time.monotonic() - last > idle_timeout:
                     log.info("%s: idle for %.0f s, leaving", self.me, idle_timeout)
@@ -264,8 +281,25 @@ class Agent:
             max_chunk=self.cfg.max_chunk,
         )
         log.info("%s: model %s ready (%s)", self.me, manifest.model, model.backend.name)
+        self._bound_to_model(manifest.n_params)
         self._register()
         self._redeliver_held("restarted")  # results trained before a restart, never acknowledged
+
+    def _lane_of(self, topic: str) -> str | None:
+        """A peer's hand-off topic is that peer's lane; the server's topics have none."""
+        return self.topics.handoff_sender(topic, self.me)
+
+    def _bound_to_model(self, n_params: int) -> None:
+        """Bound what one sender may hold here by the model's size: a payload is at most
+        a float32 model or a link probe (``MAX_PROBE_BYTES``), a sender's partial
+        payloads and its queued hand-off frames at most two of those, and a partial
+        payload untouched for ``PARTIAL_MAX_AGE_S`` is dropped."""
+        largest = max(4 * n_params, MAX_PROBE_BYTES) + 64 * 1024
+        self._frames.max_bytes = largest
+        self._frames.max_pending_per_sender = 2 * largest
+        self._frames.max_pending_bytes = max(8 * largest, 64 * 1024 * 1024)
+        self._frames.max_age_s = PARTIAL_MAX_AGE_S
+        self.link.lane_max_bytes = 2 * largest + 2 * self.cfg.max_chunk
 
     def _on_server_status(self, payload: bytes) -> None:
         if not payload:

@@ -2,7 +2,12 @@
 
 paho's callbacks run on its network thread. They never block here: an incoming
 message is put on a bounded queue (dropped and counted if the queue is full), and
-connection changes set events. Every wait has a timeout. Sessions are persistent
+connection changes set events. The queue is bounded in messages and bytes, and, with
+``lane_of``, per *lane*: the owner names the lane of each topic (a device's messages
+to the coordinator, one peer's hand-offs to a device), and one lane may hold at most
+``lane_max_messages`` messages and ``lane_max_bytes`` bytes of the queue, so a flood
+on one lane is dropped (counted in ``dropped_by_lane``) while the others keep room.
+Every wait has a timeout. Sessions are persistent
 (``clean_session=False``), QoS 1 throughout, and the last will marks the client
 offline. paho reconnects on its own with exponential backoff (1 to 30 s), and
 subscriptions are renewed on every connect.
@@ -17,6 +22,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import paho.mqtt.client as paho
@@ -32,6 +38,10 @@ class Incoming:
     payload: bytes
     retain: bool
     received_at: float = 0.0  # time.monotonic() when the network thread took it (transfer timing)
+    lane: str | None = None  # the owner's lane for its topic (``lane_of``), None: no lane
+
+
+LaneOf = Callable[[str], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +161,9 @@ class MqttLink:
         clean_session: bool = False,
         max_queue: int = 10_000,
         max_queue_bytes: int | None = None,
+        lane_of: LaneOf | None = None,
+        lane_max_messages: int = 2_000,
+        lane_max_bytes: int | None = None,
         keepalive: int = 30,
     ) -> None:
         self.host, self.port, self.keepalive = host, port, keepalive
@@ -167,6 +180,12 @@ class MqttLink:
         self._burst = 0
         self.max_queue_bytes = max_queue_bytes  # payload bytes the queue may hold (None: no limit)
         self._queued_bytes = 0
+        self.lane_of = lane_of
+        self.lane_max_messages = lane_max_messages
+        self.lane_max_bytes = lane_max_bytes  # may be lowered once the owner knows its model's size
+        self._lanes: dict[str, list[int]] = {}  # lane -> [messages, bytes] in the queue
+        self.dropped_by_lane: dict[str, int] = {}  # lane -> messages dropped because it was full
+        self._lane_bursts: dict[str, int] = {}
         self._closed = False
         # SUBACKs by message id, newest last: whether the broker granted each topic. A
         # bounded record that only subscribe(wait=) reads; the ids it waits for stay.
@@ -239,13 +258,25 @@ class MqttLink:
             self._subacked.notify_all()
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
+        size = len(msg.payload)
+        lane = self.lane_of(msg.topic) if self.lane_of is not None else None
         try:
-            size = len(msg.payload)
             with self._lock:
+                if lane is not None:
+                    held = self._lanes.setdefault(lane, [0, 0])
+                    over_bytes = self.lane_max_bytes is not None and held[1] + size > self.lane_max_bytes
+                    if held[0] >= self.lane_max_messages or over_bytes:
+                        self._lane_full(lane)
+                        return
                 if self.max_queue_bytes is not None and self._queued_bytes + size > self.max_queue_bytes:
                     raise queue.Full
-                self._queue.put_nowait(Incoming(msg.topic, bytes(msg.payload), bool(msg.retain), time.monotonic()))
+                self._queue.put_nowait(
+                    Incoming(msg.topic, bytes(msg.payload), bool(msg.retain), time.monotonic(), lane)
+                )
                 self._queued_bytes += size
+                if lane is not None:
+                    held[0] += 1
+                    held[1] += size
         except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
             self.dropped += 1
             self._burst += 1
@@ -255,6 +286,25 @@ class MqttLink:
         if self._burst:
             log.warning("%s: receive queue has room again; %d message(s) dropped", self.client_id, self._burst)
             self._burst = 0
+        if lane is not None and self._lane_bursts.get(lane):
+            n = self._lane_bursts.pop(lane)
+            log.warning("%s: lane %s has room again; %d of its message(s) dropped", self.client_id, lane, n)
+
+    def _lane_full(self, lane: str) -> None:
+        """Count a message dropped because its lane is full (the lock is held); one log
+        line when a burst starts and one with its count when the lane has room again."""
+        self.dropped_by_lane[lane] = self.dropped_by_lane.get(lane, 0) + 1
+        burst = self._lane_bursts.get(lane, 0) + 1
+        if len(self._lane_bursts) < 1024 or lane in self._lane_bursts:
+            self._lane_bursts[lane] = burst
+        if burst == 1:
+            log.warning(
+                "%s: lane %s holds %d messages or %s bytes already; dropping its messages",
+                self.client_id,
+                lane,
+                self.lane_max_messages,
+                self.lane_max_bytes,
+            )
 
     # -- API ----------------------------------------------------------------------------
     def connect(self, timeout: float = 10.0) -> None:
@@ -372,6 +422,12 @@ class MqttLink:
             return None
         with self._lock:
             self._queued_bytes -= len(item.payload)
+            if item.lane is not None:
+                held = self._lanes[item.lane]
+                held[0] -= 1
+                held[1] -= len(item.payload)
+                if held[0] == 0:
+                    del self._lanes[item.lane]
         return item
 
     @property

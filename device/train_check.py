@@ -64,9 +64,7 @@ def check(
         rng = np.random.default_rng(seed)
         start = rng.normal(0.0, 0.05, model.n_params).astype(np.float32)
     started = time.perf_counter()
-    result = model.train(
-        x, y, epochs=1_000, batch_size=batch, lr=lr, max_steps=steps, seed=seed, initial_weights=start
-    )
+    result = model.train(x, y, epochs=1_000, batch_size=batch, lr=lr, max_steps=steps, seed=seed, initial_weights=start)
     seconds = time.perf_counter() - started
     after = model.evaluate(x, y)
     return {

@@ -52,6 +52,7 @@ from device.protocol.frames import (
 )
 from device.protocol.messages import (
     BODY_TYPES,
+    MAX_PROBE_BYTES,
     MESSAGE_TYPES,
     PROTOCOL_VERSION,
     Ack,
@@ -99,6 +100,7 @@ __all__ = [
     "FRAME_KINDS",
     "MAGIC",
     "MAX_HEADER",
+    "MAX_PROBE_BYTES",
     "MESSAGE_TYPES",
     "PROTOCOL_VERSION",
     "SERVER_ID",

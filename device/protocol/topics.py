@@ -147,3 +147,16 @@ class Topics:
             return check_id(sender)
         except ProtocolError:
             return None
+
+    def handoff_sender_any(self, topic: str) -> str | None:
+        """The sender named by a direct hand-off topic to any device, else None."""
+        prefix = f"{self.root}/device/"
+        if not topic.startswith(prefix):
+            return None
+        parts = topic[len(prefix) :].split("/")
+        if len(parts) != 4 or parts[1:3] != ["frames", "from"]:
+            return None
+        try:
+            return check_id(parts[3])
+        except ProtocolError:
+            return None

@@ -69,6 +69,7 @@ from server.coordinator.execution import RoundExecution
 from server.coordinator.persistence import Persistence
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
+from server.coordinator.retained import RetainedJunk
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
 from server.links import DEFAULT_BANDWIDTH_HZ, MAX_PROBE_PEERS, LinkBook, LinkMatrices, probe_peers
@@ -79,6 +80,7 @@ from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
 LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
+DEVICE_LANE_MESSAGES = 1_000  # messages one device may have waiting in the receive queue (device/mqtt.py lanes)
 
 
 @dataclass
@@ -189,8 +191,22 @@ class Coordinator(Persistence):
             clean_session=False,
             will=Will(self.topics.server_status, self._status("stopped"), retain=True),
             max_queue_bytes=config.max_queue_mb * 2**20,
+            # one lane per device (its from/<id>/... topics): a device that floods the
+            # coordinator fills its own lane, never the others' results
+            lane_of=self._lane_of,
+            lane_max_messages=DEVICE_LANE_MESSAGES,
+            lane_max_bytes=2 * model_bytes + 2 * config.max_chunk + 2**20,
         )
+        self._lane_dropped: dict[str, int] = {}  # the link's per-lane counts already reported
         self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)
+        self.retained = RetainedJunk(
+            self.topics,
+            self._publish,
+            lambda topic: self.link.subscribe(topic),
+            lambda topic: self.link.unsubscribe(topic),
+            # counted against a registered device only (any id can be written on an open broker)
+            lambda reason, detail, device: self.drop(reason, detail, device if device in self.devices else None),
+        )
         self.requests = TaskRequests(
             self.topics,
             self._publish,
@@ -266,6 +282,11 @@ class Coordinator(Persistence):
             self.topics.artifact_manifest, json.dumps(self.artifact_manifest).encode(), retain=True, wait=30.0
         )
 
+    def _lane_of(self, topic: str) -> str | None:
+        """A device's own topics (``from/<id>/...``) are its lane (network thread: cheap)."""
+        found = self.topics.device_of(topic)
+        return found[0] if found is not None else None
+
     def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
         """Count (by reason, and per registered ``device``) and log what covey did not use;
         ``quiet`` for expected ones (duplicates of what already arrived), which are neither
@@ -307,6 +328,8 @@ class Coordinator(Persistence):
 
     def _dispatch(self, item: Incoming) -> None:
         who = self.topics.device_of(item.topic)
+        if self.retained.handles(item, *(who or (None, None))):
+            return
         if who is None:
             if item.topic == f"{self.topics.root}/server/register":
                 self.registry.legacy_register(item.payload, self._publish, self.topics)
@@ -602,6 +625,12 @@ class Coordinator(Persistence):
         queue_full, self._queue_dropped = self.link.dropped - self._queue_dropped, self.link.dropped
         if queue_full:  # lost before anyone could read them (device/mqtt.py logs each burst)
             self._dropped["receive queue full"] = self._dropped.get("receive queue full", 0) + queue_full
+        for device, total in list(self.link.dropped_by_lane.items()):
+            new, self._lane_dropped[device] = total - self._lane_dropped.get(device, 0), total
+            if new:  # a device that sent more than its lane holds: counted against it
+                self._dropped["device lane full"] = self._dropped.get("device lane full", 0) + new
+                if device in self.devices:
+                    self._rejected[device] = self._rejected.get(device, 0) + new
         stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped), dict(self._rejected))
         self._dropped, self._rejected = {}, {}
         return stats
@@ -625,6 +654,7 @@ class Coordinator(Persistence):
         record = self.driver.step(planned)
         self.checkpoint()
         self._acknowledge()
+        self.retained.sweep(self.pump)  # what devices parked on hand-off topics (server/coordinator/retained.py)
         self.execution.task_prefix = self.epoch
         every = self.cfg.links_every
         if every > 0 and record.round % every == 0:

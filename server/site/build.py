@@ -34,7 +34,15 @@ from server.site.layout import (
     SiteLayout,
     toml_text,
 )
-from server.site.mosquitto import COORDINATOR, BrokerFiles, acl_text, config_text, new_password, password_line
+from server.site.mosquitto import (
+    COORDINATOR,
+    DEFAULT_MEMORY_MB,
+    BrokerFiles,
+    acl_text,
+    config_text,
+    new_password,
+    password_line,
+)
 from server.site.spec import SiteSpec, check_device_id, check_spec
 
 if sys.version_info >= (3, 11):
@@ -90,6 +98,7 @@ def _site_toml(spec: SiteSpec) -> str:
             "loopback_port": spec.loopback_port,
             "client_certs": spec.client_certs,
             "system": spec.system,
+            "broker_memory_mb": spec.broker_memory_mb,
             "devices": list(spec.devices),
         },
     )
@@ -117,6 +126,7 @@ def load_site(root: Path) -> Site:
             loopback_port=raw.get("loopback_port"),
             client_certs=_typed(raw, "client_certs", bool),
             system=_typed(raw, "system", bool),
+            broker_memory_mb=raw.get("broker_memory_mb", DEFAULT_MEMORY_MB),  # sites made before it had none
         )
     except KeyError as exc:
         raise ConfigError(f"{layout.site_file} lacks {exc.args[0]!r}; {AGAIN}") from None
@@ -202,7 +212,12 @@ def init_site(root: Path, spec: SiteSpec, *, force: bool = False) -> Site:
         SYSTEM_PERSISTENCE if spec.system else final.broker_dir / "data",
     )
     conf = config_text(
-        spec.run, files, port=spec.port, loopback_port=spec.loopback_port, client_certs=spec.client_certs
+        spec.run,
+        files,
+        port=spec.port,
+        loopback_port=spec.loopback_port,
+        client_certs=spec.client_certs,
+        memory_mb=spec.broker_memory_mb,
     )
     with _writing(root):
         root.parent.mkdir(parents=True, exist_ok=True)

@@ -17,10 +17,11 @@ its reads of what the server publishes for everyone are ``topic`` lines under it
 on every start), and the coordinator's user has one ``topic`` line for everything.
 What a device may do:
 
-* write ``covey/<run>/from/<its id>/#`` and ``covey/<run>/device/<any>/frames/from/<its id>``
-  (a hand-off in its own name), nothing else: not the server's topics (``device/<id>/
-  inbox``, ``device/<id>/frames``, ``device/<id>/assignment``, ``artifact/#``,
-  ``shared/#``, ``server/status``) and not another device's ``from/``;
+* write ``covey/<run>/from/<its id>/{register,results,frames,status}`` and
+  ``covey/<run>/device/<any>/frames/from/<its id>`` (a hand-off in its own name), in the
+  site's run only, nothing else: not the server's topics (``device/<id>/inbox``,
+  ``device/<id>/frames``, ``device/<id>/assignment``, ``artifact/#``, ``shared/#``,
+  ``server/status``), not another device's ``from/``, not another run's topics;
 * read ``covey/<run>/device/<its id>/#``, ``artifact/#``, ``shared/#`` and
   ``server/status``; not another device's inbox.
 
@@ -46,18 +47,24 @@ COORDINATOR = "coordinator"  # the coordinator's user name at every site
 PBKDF2_ITERATIONS = 101  # mosquitto_passwd's default for $7$
 SALT_BYTES = 12
 
-# Writes are patterns: %u binds them to the user name (= the device id).
+# Writes are patterns: %u binds them to the user name (= the device id); {run} is the site's run.
 DEVICE_WRITES = (
-    "pattern write covey/+/from/%u/#",
-    "pattern write covey/+/device/+/frames/from/%u",
-    "pattern read covey/+/device/%u/#",
+    *(f"pattern write covey/{{run}}/from/%u/{kind}" for kind in ("register", "results", "frames", "status")),
+    "pattern write covey/{run}/device/+/frames/from/%u",
+    "pattern read covey/{run}/device/%u/#",
 )
+# What a broker holds is bounded (issue 26: a board with valid credentials took mosquitto
+# to 2,669 MB with 16 MiB frames). covey's frames carry at most 900,000 payload bytes
+# (device/protocol/frames.py DEFAULT_MAX_CHUNK), so no packet needs more than 1 MiB.
+MAX_PACKET_BYTES = 1_048_576
+MAX_QUEUED_BYTES = 256 * 2**20  # per client, beyond what is in flight
+DEFAULT_MEMORY_MB = 256
 # Reads of what the server publishes for everyone, under each device's user line (a
 # pattern without %u works too, but mosquitto warns about it on every start).
 DEVICE_READS = (
-    "topic read covey/+/artifact/#",
-    "topic read covey/+/shared/#",
-    "topic read covey/+/server/status",
+    "topic read covey/{run}/artifact/#",
+    "topic read covey/{run}/shared/#",
+    "topic read covey/{run}/server/status",
 )
 
 
@@ -95,14 +102,14 @@ def acl_text(run: str, devices: Sequence[str]) -> str:
         "# only topics carrying that id (docs/protocol.md, 'Topics and identity').",
         "",
         "# Every user (pattern lines apply to all; %u is the user name, the device id): its own topics.",
-        *DEVICE_WRITES,
+        *(line.format(run=run) for line in DEVICE_WRITES),
         "",
         "# The coordinator, and its group managers: everything under covey/.",
         f"user {COORDINATOR}",
         "topic readwrite covey/#",
     ]
     for device in devices:
-        lines += ["", f"user {device}", *DEVICE_READS]
+        lines += ["", f"user {device}", *(line.format(run=run) for line in DEVICE_READS)]
     return "\n".join(lines) + "\n"
 
 
@@ -125,6 +132,7 @@ def config_text(
     port: int,
     loopback_port: int | None,
     client_certs: bool,
+    memory_mb: int = DEFAULT_MEMORY_MB,
 ) -> str:
     """mosquitto.conf for the site. It sets no pid file and no log destination, so it
     also works as ``/etc/mosquitto/conf.d/covey.conf`` under the distribution's
@@ -147,7 +155,17 @@ def config_text(
         f"persistence_location {files.persistence}/",
         "autosave_interval 60",
         "max_inflight_messages 64",
+        "",
+        "# Bounds: no single board can make the broker grow without limit (a packet over the limit",
+        "# disconnects its sender; a full queue drops what comes next for that client; past",
+        "# memory_limit mosquitto refuses the message and disconnects its sender). covey's frames",
+        "# carry at most 900,000 payload bytes. The coordinator clears what boards retain beyond",
+        "# their status (server/coordinator/retained.py).",
+        f"max_packet_size {MAX_PACKET_BYTES}",
         "max_queued_messages 10000",
+        f"max_queued_bytes {MAX_QUEUED_BYTES}",
+        f"memory_limit {memory_mb * 2**20}",
+        "",
         "# Small messages (requests, probes, acknowledgements) leave at once, not after an ACK (Nagle).",
         "set_tcp_nodelay true",
         "",

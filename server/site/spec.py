@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from device.errors import ConfigError, CoveyError
 from device.protocol import SERVER_ID, check_id
-from server.site.mosquitto import COORDINATOR
+from server.site.mosquitto import COORDINATOR, DEFAULT_MEMORY_MB
 
 SITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RESERVED_IDS = (COORDINATOR, SERVER_ID)
@@ -39,6 +39,7 @@ class SiteSpec:
     loopback_port: int | None = None
     client_certs: bool = False
     system: bool = False  # files for the system's mosquitto service (persistence in /var/lib/mosquitto)
+    broker_memory_mb: int = DEFAULT_MEMORY_MB  # mosquitto's memory_limit (server/site/mosquitto.py)
 
     @property
     def broker_host(self) -> str:
@@ -117,6 +118,12 @@ def check_spec(spec: SiteSpec) -> SiteSpec:
         check_port(spec.loopback_port, "--loopback-port")
         if spec.loopback_port == spec.port:
             raise ConfigError(f"--loopback-port {spec.loopback_port} is also --port; give the two listeners two ports")
+    if isinstance(spec.broker_memory_mb, bool) or not isinstance(spec.broker_memory_mb, int):
+        raise ConfigError("--broker-memory-mb must be a whole number of MiB")
+    if not 32 <= spec.broker_memory_mb <= 1024 * 1024:
+        raise ConfigError(
+            f"--broker-memory-mb {spec.broker_memory_mb} is out of range: 32 MiB to 1 TiB"
+        )
     return SiteSpec(
         spec.run,
         tuple(dict.fromkeys(hosts)),
@@ -126,4 +133,5 @@ def check_spec(spec: SiteSpec) -> SiteSpec:
         spec.loopback_port,
         spec.client_certs,
         spec.system,
+        spec.broker_memory_mb,
     )

@@ -74,6 +74,53 @@ def test_the_receive_queue_holds_at_most_its_byte_bound(broker) -> None:
     assert slow.dropped == 8
 
 
+def test_a_flood_on_one_lane_leaves_room_for_the_others(broker, caplog) -> None:
+    # Prepare: lanes by the topic's last part; a lane holds 5 messages or 50 KB, the queue 10,000
+    caplog.set_level(logging.WARNING, logger="device.mqtt")
+    slow = MqttLink(
+        "lane-reader",
+        broker.host,
+        broker.port,
+        clean_session=True,
+        lane_of=lambda topic: topic.rsplit("/", 1)[1] if "/peer/" in topic else None,
+        lane_max_messages=5,
+        lane_max_bytes=50_000,
+    )
+    sender = MqttLink("lane-writer", broker.host, broker.port, clean_session=True)
+    slow.connect(10)
+    sender.connect(10)
+    slow.subscribe("lane-test/#", wait=10)
+
+    # Execute: a flood of 200 small messages and 10 large ones on lane "flooder", then
+    # one message on lane "honest" and 20 on no lane (the server's)
+    for i in range(200):
+        sender.publish("lane-test/peer/flooder", str(i).encode())
+    for _ in range(10):
+        sender.publish("lane-test/peer/big", bytes(20_000))
+    sender.publish("lane-test/peer/honest", b"model", wait=5)
+    for i in range(20):
+        sender.publish("lane-test/server", str(i).encode(), wait=5)
+    _wait(lambda: slow.dropped_by_lane.get("flooder") == 195, 10, "195 of the flood dropped")
+    got = []
+    while (item := slow.receive(0.3)) is not None:
+        got.append(item)
+    sender.publish("lane-test/peer/flooder", b"after", wait=5)
+    after = slow.receive(5)
+    slow.close()
+    sender.close()
+
+    # Assert: each lane kept what it holds; the others lost nothing; one log line per burst
+    lanes = [item.lane for item in got]
+    assert lanes.count("flooder") == 5
+    assert lanes.count("big") == 2 and slow.dropped_by_lane["big"] == 8  # 50 KB: two of 20 KB
+    assert lanes.count("honest") == 1 and lanes.count(None) == 20
+    assert slow.dropped == 0
+    assert after is not None and after.payload == b"after"  # the lane has room again once read
+    lines = [r.getMessage() for r in caplog.records if "lane flooder" in r.getMessage()]
+    assert sum("dropping its messages" in line for line in lines) == 1, lines
+    assert sum("195 of its message(s) dropped" in line for line in lines) == 1, lines
+
+
 def test_queue_full_drops_reach_the_round_record_and_the_agent_stats(tmp_path) -> None:
     from covey.paths import ensure_model
     from device.agent import Agent, AgentConfig

@@ -58,6 +58,10 @@ def test_broker_run_serves_the_site_and_reloads_on_sighup(site_parent: Path, tmp
                 accepted = broker.connected("d2").connected
             except TransportError:
                 time.sleep(0.2)
+        # a board writes 300 times where the ACL forbids it (another board's inbox)
+        d1 = broker.links[0]
+        for i in range(300):
+            d1.publish("covey/siterun/device/d2/inbox", str(i).encode(), wait=5)
         for link in broker.links:
             link.close()
     finally:
@@ -66,8 +70,17 @@ def test_broker_run_serves_the_site_and_reloads_on_sighup(site_parent: Path, tmp
 
     # Assert
     assert accepted, "d2 was not accepted after the reload"
-    assert status == 0, (tmp_path / "broker.log").read_text()
-    assert "Ctrl-C stops it" in (tmp_path / "broker.log").read_text()
+    log = (tmp_path / "broker.log").read_text()
+    assert status == 0, log
+    assert "Ctrl-C stops it" in log
+    # the refusals are visible, once and then counted, without mosquitto's packet trace
+    refused = [line for line in log.splitlines() if "the ACL refused" in line]
+    assert (
+        refused[0]
+        == "mosquitto: the ACL refused a PUBLISH by d1 to 'covey/siterun/device/d2/inbox' (further refusals counted)"
+    )
+    assert sum(int(line.split(" refused ")[1].split(" more")[0].replace(",", "")) for line in refused[1:]) == 299
+    assert "Received PUBLISH" not in log and "Sending PUBACK" not in log
 
 
 def test_broker_run_on_a_port_in_use_is_one_line(site_parent: Path, tmp_path: Path) -> None:

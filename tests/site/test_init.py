@@ -53,7 +53,11 @@ def test_init_writes_a_site_the_broker_and_boards_can_use(site_parent: Path) -> 
     assert verify_password((layout.coordinator_dir / "password").read_text().strip(), lines["coordinator"])
     # the ACL binds writes to the user name; the config names the files and the safety settings
     acl = (layout.broker_dir / "acl").read_text()
-    assert "pattern write covey/+/from/%u/#" in acl and "pattern write covey/+/device/+/frames/from/%u" in acl
+    # (exactly the four kinds of its own topics and its hand-offs, in the site's run only)
+    for kind in ("register", "results", "frames", "status"):
+        assert f"pattern write covey/siterun/from/%u/{kind}" in acl.splitlines()
+    assert "pattern write covey/siterun/device/+/frames/from/%u" in acl.splitlines()
+    assert "covey/+/" not in acl and "from/%u/#" not in acl
     assert "user pi-garage" in acl and "user coordinator\ntopic readwrite covey/#" in acl
     conf = layout.broker_conf.read_text()
     for line in (
@@ -63,6 +67,9 @@ def test_init_writes_a_site_the_broker_and_boards_can_use(site_parent: Path) -> 
         f"persistence_location {layout.broker_dir / 'data'}/",
         "max_inflight_messages 64",
         "max_queued_messages 10000",
+        "max_packet_size 1048576",
+        f"max_queued_bytes {256 * 2**20}",
+        f"memory_limit {256 * 2**20}",
         f"listener {site.spec.port}",
         f"listener {site.spec.loopback_port} 127.0.0.1",
         f"keyfile {layout.broker_dir / 'broker.key'}",
