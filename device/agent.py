@@ -28,7 +28,7 @@ from typing import Any
 from device import board
 from device.artifact import ArtifactDownload
 from device.data import Dataset, class_counts
-from device.errors import CoveyError, ModelError, ProtocolError, TransportError
+from device.errors import CoveyError, ModelError, ProtocolError, TransportError, WeightsError
 from device.link import read_wifi
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.probing import LinkProber, send_probe_frame
@@ -53,6 +53,7 @@ from device.protocol import (
     ServerStatus,
     Stop,
     Topics,
+    TrainFailed,
     TrainRequest,
     check_id,
     decode_message,
@@ -60,7 +61,7 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from device.state import AgentState
 from device.tasks import TaskRunner
-from device.waiting import Request, WaitingTasks
+from device.waiting import Ready, Request, WaitingTasks
 from device.worker import ModelWorker
 
 log = logging.getLogger("covey.device")
@@ -405,10 +406,26 @@ class Agent:
                     runner.pretrain(task.request, task.round, task.weights)
                 else:
                     assert task.weights is not None
-                    runner.train(task.request, task.round, task.weights, task.key, task.inbound, task.exclusive)
+                    self._train(runner, task)
         finally:
             self._drop_unused_shared()
             self._sync_peers()
+
+    def _train(self, runner: TaskRunner, task: Ready) -> None:
+        """Run a train request; training that diverges is reported (``failed``), so the
+        group goes on without this device at once instead of at its deadline."""
+        assert isinstance(task.request, TrainRequest) and task.weights is not None
+        try:
+            runner.train(task.request, task.round, task.weights, task.key, task.inbound, task.exclusive)
+        except WeightsError as exc:
+            log.warning("%s: training %s failed: %s; told the server", self.me, task.request.task_id, exc)
+            self.stats.drop("training diverged")
+            body = TrainFailed(task.request.task_id, "diverged", str(exc)[:300])
+            self._publish(
+                self.topics.results(self.me),
+                Message.of(body, run=self.cfg.run, sender=self.me, round=task.round).encode(),
+                False,
+            )
 
     def _sync_peers(self) -> None:
         """Subscribe to exactly the peers this device may hear from now: the predecessors of

@@ -57,6 +57,7 @@ class Defense:
         rounds = config.history_rounds if config is not None else 3
         self.history: dict[str, deque[list[float]]] = {k: deque(maxlen=max(rounds, 1)) for k in ("member", "chain")}
         self.keep_history = rounds > 0 or config is None
+        self._server_norm: tuple[tuple[int, int, int, int], float] | None = None  # the last one computed
 
     # -- 1. claims ----------------------------------------------------------------------
     def bound(self, results: Sequence[GroupResult], clients: Sequence[ClientInfo]) -> Bounded:
@@ -76,7 +77,10 @@ class Defense:
         counts = [c.n_samples for c in clients if c.n_samples > 0]
         n = int(np.median(counts)) if counts else 1
         start = plan.models[plan.groups[0].start_model]
-        return float(self.reference(start, plan, seed, n))
+        key = (plan.round, id(start), n, seed)  # asked before the round (hand-offs) and after it
+        if self._server_norm is None or self._server_norm[0] != key:
+            self._server_norm = (key, float(self.reference(start, plan, seed, n)))
+        return self._server_norm[1]
 
     def screen(self, plan: RoundPlan, results: Sequence[GroupResult], server: float | None) -> Screened:
         """Refuse and clip (only measure with screening off); remember what was accepted."""

@@ -38,6 +38,7 @@ from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
 from server.defense import AGGREGATE_REASON, OVERCLAIM_REASON, Defense, ServerNorm
+from server.hops import HOP_REASON, HopBound, hop_bound
 from server.metrics import pairwise_cpd
 from server.screening import EMPTY_REASON as EMPTY
 from server.screening import REASON as SCREENED
@@ -85,8 +86,9 @@ class Backend(Protocol):
         returns figures for the record's ``extra``."""
         ...
 
-    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
-        """Run the plan; one result per group in plan order."""
+    def execute(self, plan: RoundPlan, *, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
+        """Run the plan; one result per group in plan order. ``hop``: the bound on each
+        relayed chain hand-off (:mod:`server.hops`; None: none)."""
         ...
 
     def pretrain(
@@ -352,6 +354,10 @@ class RoundDriver:
     def _defend(self, plan: RoundPlan, results: list[GroupResult], extra: dict[str, float]) -> list[GroupResult]:
         """Claims bounded, updates screened and clipped (:mod:`server.defense`); what was
         done goes to the record (``extra``, and refusals by reason and device)."""
+        for r in results:  # chain hand-offs refused on the way (server/hops.py), and failed training
+            for device in r.refused:
+                log.warning("round %d: refused the hand-off of %s; its chain went on from its input", self.rnd, device)
+                self._refused.append((HOP_REASON, device))
         results, empty = without_empty_members(results)  # always: a zero weight breaks every average
         self.note_rejections(empty)
         clients = self.backend.clients()
@@ -381,7 +387,7 @@ class RoundDriver:
         devices set aside and the number of plans executed. ``planned``: a journaled plan
         to execute first instead of planning; every new plan goes to ``on_planned``."""
         plan = planned if planned is not None else self._plan()
-        results = self.backend.execute(plan, seed=self.seed)
+        results = self.backend.execute(plan, seed=self.seed, hop=self._hop_bound(plan))
         excluded: set[str] = set()
         attempt = executed = 1
         while _nothing_returned(plan, results) and attempt < self.max_attempts:
@@ -404,11 +410,19 @@ class RoundDriver:
                 self.strategy.unavailable = frozenset()
             if self.on_planned is not None:  # journaled as it will run
                 self.on_planned(retry)
-            plan, results = retry, self.backend.execute(retry, seed=self.seed)
+            plan, results = retry, self.backend.execute(retry, seed=self.seed, hop=self._hop_bound(retry))
             executed += 1
         if excluded and _nothing_returned(plan, results):
             log.warning("round %d: no device returned a model; every model stays as it was", self.rnd)
         return plan, results, excluded, executed
+
+    def _hop_bound(self, plan: RoundPlan) -> HopBound | None:
+        """The bound on this plan's relayed chain hand-offs (None without chains or
+        without screening): past rounds' accepted norms and the server's own update."""
+        if self.screening is None or not any(g.mode == "chain" for g in plan.groups):
+            return None
+        server = self.defense.server_norm(plan, self.seed, self.backend.clients())
+        return hop_bound(self.screening, self.defense.past(), server)
 
     def _plan(self) -> RoundPlan:
         plan = self.strategy.plan_round(self.rnd, self.context)

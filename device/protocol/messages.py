@@ -175,6 +175,22 @@ class Pong:
     echo: float
 
 
+FailureReason = Literal["diverged", "error"]
+
+
+@dataclass(frozen=True)
+class TrainFailed:
+    """Device to server: the train request ``task_id`` cannot be done. ``reason``:
+    ``diverged`` (training left NaN or infinite weights: the device sends no model) or
+    ``error`` (anything else it cannot recover from); ``detail`` for the log. The group
+    manager goes on without the device at once instead of waiting for its deadline (a
+    chain from the device's input), and does not credit it."""
+
+    task_id: TaskId
+    reason: FailureReason
+    detail: Annotated[str, MaxLen(300)] = ""
+
+
 # -- server -> device -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class LocalTraining:
@@ -420,6 +436,7 @@ BODY_TYPES: dict[str, Any] = {
     "register": Register,
     "result": Result,
     "pong": Pong,
+    "failed": TrainFailed,
     "train": TrainRequest,
     "pretrain": PretrainRequest,
     "evaluate": EvaluateRequest,
@@ -437,6 +454,7 @@ MessageType = Literal[
     "register",
     "result",
     "pong",
+    "failed",
     "train",
     "pretrain",
     "evaluate",

@@ -119,6 +119,12 @@ class Topics:
         return f"{self.root}/from/+/{kind}"
 
     @property
+    def sweep(self) -> str:
+        """The coordinator's marker to itself after a sweep of retained hand-offs
+        (``server/coordinator/retained.py``); devices never subscribe to it."""
+        return f"{self.root}/server/sweep"
+
+    @property
     def everything(self) -> str:
         return f"{self.root}/#"
 

@@ -53,6 +53,7 @@ from device.protocol import (
     ServerStatus,
     Stop,
     Topics,
+    TrainFailed,
     TrainResult,
     WireCodec,
     check_weights,
@@ -72,6 +73,7 @@ from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
+from server.hops import HopBound
 from server.links import DEFAULT_BANDWIDTH_HZ, MAX_PROBE_PEERS, LinkBook, LinkMatrices, probe_peers
 from server.reference import server_norm
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
@@ -376,6 +378,11 @@ class Coordinator(Persistence):
         elif isinstance(msg.body, LinkReport):
             if not self.linkbook.on_report(device, msg.body):
                 raise ProtocolError(f"link report {msg.body.task_id!r} from {device}, which was not asked for it")
+        elif isinstance(msg.body, TrainFailed):
+            failed = msg.body
+            why = f"its training failed ({failed.reason}: {failed.detail or 'no detail'})"
+            if not self.execution.on_refused(device, failed.task_id, why):
+                raise ProtocolError(f"failure report for task {failed.task_id!r} nobody waits for")
         elif msg.type == "result":
             self._on_result(device, msg)
         else:
@@ -411,7 +418,11 @@ class Coordinator(Persistence):
                 raise ProtocolError(f"{body.kind} result from {device} for task {body.task_id!r} nobody waits for")
             return
         if msg.round != self.round:
-            raise ProtocolError(f"result of round {msg.round} from {device}; the current round is {self.round}")
+            # a held result delivered again (a reconnect, a new coordinator epoch before the
+            # resumed round starts): honest, and asked for again when its round runs, so not
+            # counted against the device
+            self.drop("result of another round", f"{device}: round {msg.round}, now {self.round}", quiet=True)
+            return
         outcome = self.execution.on_result(device, body)
         if outcome == "duplicate":
             self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
@@ -462,7 +473,13 @@ class Coordinator(Persistence):
                 size=0,
             )
             return
-        weights = check_weights(payload, self.manifest.n_params, self.bases)
+        try:
+            weights = check_weights(payload, self.manifest.n_params, self.bases)
+        except ProtocolError as exc:
+            if h.kind == "result" and h.round == self.round and h.extra.task_id:
+                # a refused output is never coming right: its group goes on without it now
+                self.execution.on_refused(device, h.extra.task_id, f"its output was refused ({exc})")
+            raise
         if h.kind == "update":
             if not self.requests.on_update(device, h.extra.task_id or "", weights):
                 raise ProtocolError(f"update for task {h.extra.task_id!r} nobody waits for")
@@ -470,8 +487,9 @@ class Coordinator(Persistence):
             return
         if h.kind != "result":
             raise ProtocolError(f"devices send result and update frames to the server, not {h.kind!r}")
-        if h.round != self.round:
-            raise ProtocolError(f"result frame of round {h.round} from {device}; current round is {self.round}")
+        if h.round != self.round:  # as for result messages (_on_result): a held output again
+            self.drop("result of another round", f"{device} frame: round {h.round}, now {self.round}", quiet=True)
+            return
         outcome = self.execution.on_frame(payload, weights)
         if outcome == "duplicate":
             self.drop("duplicate result", f"{device} frame of {h.extra.task_id}", quiet=True)
@@ -573,8 +591,8 @@ class Coordinator(Persistence):
         self.round = rnd
         return {}
 
-    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
-        return self.execution.run(plan, seed)
+    def execute(self, plan: RoundPlan, *, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
+        return self.execution.run(plan, seed, hop)
 
     def pretrain(
         self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int

@@ -20,6 +20,7 @@ from device.errors import ProtocolError
 from device.protocol import DELTA_WIRE_CODECS, SERVER_ID, Assignment, Message, Payload, TrainResult
 from server.coordinator.manager import GroupManager, Handoff
 from server.coordinator.shared import SharedModels
+from server.hops import HopBound
 from server.strategies.base import GroupResult, RoundPlan
 
 Outcome = Literal["accepted", "duplicate", "unexpected"]
@@ -50,6 +51,11 @@ class RoundExecution:
             return "direct" if group_index % 2 == 0 else "relay"
         if mode in ("direct", "relay"):
             return mode  # type: ignore[return-value]
+        screening = self.coord.cfg.screening
+        if screening is not None and screening.norm_factor is not None:
+            # the manager screens each relayed hand-off, so one bad member costs only itself
+            # (server/hops.py); a direct one it never sees
+            return "relay"
         if self.coord.cfg.codec in DELTA_WIRE_CODECS:
             # relayed hand-offs travel as int8 (int4) deltas both ways, a direct one as a full fp16
             # model: fewer bytes on every link (GroupManager's docstring)
@@ -58,7 +64,7 @@ class RoundExecution:
         slow = [d for d in members if not devices[d].direct or devices[d].rtt_ms > self.coord.cfg.relay_rtt_ms]
         return "relay" if slow else "direct"
 
-    def run(self, plan: RoundPlan, seed: int) -> list[GroupResult]:
+    def run(self, plan: RoundPlan, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
         c = self.coord
         unknown = sorted({d for g in plan.groups for d in g.members if d not in c.devices})
         if unknown:
@@ -86,6 +92,7 @@ class RoundExecution:
                     codec=c.cfg.codec,
                     bases=c.bases,
                     downlinks=c.downlinks,
+                    hop=hop,
                 )
                 for d in g.members:
                     msg = Message.of(Assignment(g.group_id), run=c.cfg.run, sender=SERVER_ID, round=plan.round)
@@ -111,6 +118,12 @@ class RoundExecution:
     def model_sources(self, device: str, task_id: str) -> frozenset[str]:
         """Who may have sent ``device`` the start model of ``task_id`` this round."""
         return frozenset().union(*(m.model_sources(device, task_id) for m in self.managers))
+
+    def on_refused(self, device: str, task_id: str, why: str) -> bool:
+        """A member's output for ``task_id`` was refused (not finite) or its training
+        failed: its manager goes on without it at once; whether one did."""
+        now = time.monotonic()
+        return any(m.owns(device) and m.on_refused(device, task_id, why, now) for m in self.managers)
 
     def on_frame(self, payload: Payload, weights: np.ndarray) -> Outcome:
         now = time.monotonic()

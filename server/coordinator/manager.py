@@ -82,6 +82,7 @@ from device.protocol import (
 )
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
+from server.hops import HopBound
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
 
 log = logging.getLogger("covey.server")
@@ -99,6 +100,7 @@ class _Member:
     reported: bool = False
     weights: np.ndarray | None = field(default=None, repr=False)
     skipped: bool = False
+    refused: bool = False  # its output refused (screening, not finite) or its training failed
 
 
 class GroupManager:
@@ -120,9 +122,12 @@ class GroupManager:
         codec: WireCodec = "fp32",
         bases: dict[str, np.ndarray] | None = None,
         downlinks: DownlinkModels | None = None,
+        hop: HopBound | None = None,
     ) -> None:
         self.plan, self.round, self.topics, self.publish = plan, round_, topics, publish
         self.handoff: Handoff = handoff if plan.mode == "chain" else "relay"
+        # each relayed hand-off is screened on arrival (server/hops.py); a direct one is never seen
+        self.hop = hop if plan.mode == "chain" and self.handoff == "relay" else None
         self.deadline_s, self.seed, self.max_chunk = deadline_s, seed, max_chunk
         self.train = train
         self.start_weights = start_weights
@@ -154,6 +159,7 @@ class GroupManager:
         self.deadline = float("inf")
         self.waiting_resend = False
         self.resends = 0
+        self.clipped: list[str] = []  # members whose relayed hand-off was clipped (server/hops.py)
         self._asked_again: set[str] = set()  # tasks whose output was asked for again after a missed deadline
         # task id -> (model, payload, codec, base) last sent for it, for a resend of the same model
         self._sent: dict[str, tuple[np.ndarray, np.ndarray, FrameCodec, str | None]] = {}
@@ -393,6 +399,14 @@ class GroupManager:
             expected = last if self.handoff == "direct" else self.current
             if index != expected:
                 return False
+            if self.hop is not None:
+                checked, verdict = self.hop.check(self.last_good, weights)
+                if checked is None:
+                    self._refuse(member, f"its hand-off is {verdict} by screening", now)
+                    return True
+                if verdict == "clipped":
+                    self.clipped.append(member.device)
+                weights = checked
             member.weights = weights
             self.last_good, self.last_good_index = weights, max(self.last_good_index, index)
             self.held_index = index
@@ -406,6 +420,37 @@ class GroupManager:
             member.weights = weights
         self._check_done()
         return True
+
+    def on_refused(self, device: str, task_id: str, why: str, now: float) -> bool:
+        """``device``'s output for ``task_id`` was refused (not finite), or it reported that
+        its training failed: the group goes on without it at once instead of waiting for
+        its deadline (a relayed chain from its input, a parallel group without it).
+        False if it is not this group's task whose output is awaited."""
+        member = next((m for m in self.members if m.device == device and m.task_id == task_id), None)
+        if member is None or member.skipped or member.weights is not None:
+            return False
+        if self.plan.mode == "chain":
+            index = self.members.index(member)
+            if self.handoff != "relay" or index != self.current:
+                return False  # a direct chain's model is not the manager's to replace
+        self._refuse(member, why, now)
+        return True
+
+    def _refuse(self, member: _Member, why: str, now: float) -> None:
+        """The group goes on without ``member``'s output: not credited, listed as refused."""
+        member.skipped = member.refused = True
+        log.warning(
+            "round %d group %d: %s: %s; going on without it", self.round, self.plan.group_id, member.device, why
+        )
+        if self.plan.mode == "chain":
+            index = self.members.index(member)
+            if index == len(self.members) - 1:
+                self.final = self.last_good
+            else:
+                self.current = index + 1
+                self._send_model(self.last_good, self.members[self.current], self.current)
+                self.deadline = now + self.deadline_s
+        self._check_done()
 
     def _check_done(self) -> None:
         if self.plan.mode == "chain":
@@ -482,9 +527,10 @@ class GroupManager:
             for m in self.members
             if m.reported and not m.skipped
         )
-        skipped = tuple(m.device for m in self.members if m.skipped)
+        skipped = tuple(m.device for m in self.members if m.skipped and not m.refused)
+        refused = tuple(m.device for m in self.members if m.refused)
         final = self.final if self.plan.mode == "chain" else None
-        return GroupResult(self.plan.group_id, members, final, skipped)
+        return GroupResult(self.plan.group_id, members, final, skipped, refused)
 
     @property
     def trained_members(self) -> list[str]:

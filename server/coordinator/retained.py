@@ -57,7 +57,7 @@ class RetainedJunk:
         return f"{self.topics.root}/device/+/frames/from/+"
 
     def _marker_topic(self) -> str:
-        return f"{self.topics.root}/server/sweep"
+        return self.topics.sweep
 
     def clear(self, topic: str, device: str | None, what: str) -> None:
         """Delete the retained message on ``topic`` and count it against ``device``."""

@@ -56,6 +56,7 @@ from device.protocol import (
 from server.costs import CostModel
 from server.defense import ServerNorm
 from server.downlink import DownlinkModels
+from server.hops import HopBound
 from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
 from server.screening import ScreeningConfig, update_norm
 from server.simulation.chains import answering_runs
@@ -216,10 +217,13 @@ class VirtualDevices:
         what the next member received as the manager's frame (``down``) instead of a
         device's (``peer``). ``auto`` also relays groups with a slow device, which only
         the coordinator measures."""
-        return self.handoff == "relay" or (self.handoff == "mixed" and index % 2 == 1)
+        screened = self.handoff == "auto" and self.measure_norms  # auto relays when screening is on
+        return self.handoff == "relay" or (self.handoff == "mixed" and index % 2 == 1) or screened
 
-    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
+    def execute(self, plan: RoundPlan, *, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
         settings = plan.train.to_wire()
+        # the hand-offs the coordinator relays are screened one by one (server/hops.py)
+        hops = {g.group_id: hop if self._relayed_on_boards(i) else None for i, g in enumerate(plan.groups)}
         down, up = downlink_codec(self.codec), upload_codec(self.codec)
         relayed = {g.group_id for i, g in enumerate(plan.groups) if g.mode == "chain" and self._relays(i)}
         received: dict[tuple[int, str], np.ndarray] = {}  # (group, device) -> the start model as it decodes it
@@ -231,12 +235,14 @@ class VirtualDevices:
         chains = [g for g in plan.groups if g.mode == "chain"]
         direct = [g for g in chains if g.group_id not in relayed]
         parallel = [(g, c) for g in plan.groups if g.mode == "parallel" for c in self._answers(g.members)]
-        direct_out = self._direct_chains(plan, direct, received, settings, seed, down)
+        direct_out = self._direct_chains(plan, direct, received, settings, seed, down, hops)
         by_chain = {g.group_id: o for g, o in zip(direct, direct_out, strict=True)}
         relay_groups = [g for g in chains if g.group_id in relayed]
         by_chain |= {
             g.group_id: o
-            for g, o in zip(relay_groups, self._relayed_chains(plan, relay_groups, settings, seed, up), strict=True)
+            for g, o in zip(
+                relay_groups, self._relayed_chains(plan, relay_groups, settings, seed, up, hops), strict=True
+            )
         }
         calls = [(received[g.group_id, c], c, settings, seed, plan.round) for g, c in parallel]
         costs = [self._train_size([c]) for _, c in parallel]
@@ -258,7 +264,7 @@ class VirtualDevices:
                 o = by_chain[g.group_id]
                 self._wire["up"] += o.wire_bytes
                 self._wire["down" if self._relayed_on_boards(index) else "peer"] += o.handed_on
-                results.append(GroupResult(g.group_id, o.members, o.final_weights, silent))
+                results.append(GroupResult(g.group_id, o.members, o.final_weights, silent, o.refused))
             else:
                 results.append(
                     GroupResult(g.group_id, tuple(by_member[c] for c in g.members if c in by_member), None, silent)
@@ -274,6 +280,7 @@ class VirtualDevices:
         settings: LocalTraining,
         seed: int,
         down: FrameCodec,
+        hops: Mapping[int, HopBound | None],
     ) -> list[ChainOutcome]:
         """Chains whose hand-offs go device to device in ``down``, as the coordinator's
         manager runs them (``server/coordinator/manager.py``), in runs of members that
@@ -286,6 +293,7 @@ class VirtualDevices:
         that float32 output. Runs of different chains train side by side, in waves."""
         models = {g.group_id: plan.models[g.start_model] for g in groups}
         members: dict[int, list[MemberResult]] = {g.group_id: [] for g in groups}
+        refused: dict[int, list[str]] = {g.group_id: [] for g in groups}
         sent, handed_on = dict.fromkeys(models, 0), dict.fromkeys(models, 0)
         runs = {g.group_id: answering_runs(g.members, set(self._answers(g.members))) for g in groups}
         for g in groups:
@@ -297,13 +305,23 @@ class VirtualDevices:
             outs: list[ChainOutcome] = self.pool.map(
                 "chain",
                 [
-                    (models[g.group_id], r.members, settings, seed, plan.round, down, bool(r.silent_after))
+                    (
+                        models[g.group_id],
+                        r.members,
+                        settings,
+                        seed,
+                        plan.round,
+                        down,
+                        bool(r.silent_after),
+                        hops.get(g.group_id),
+                    )
                     for g, r in zip(todo, turn, strict=True)
                 ],
                 [self._train_size(r.members) for r in turn],
             )
             for g, r, out in zip(todo, turn, outs, strict=True):
                 members[g.group_id] += out.members
+                refused[g.group_id] += out.refused
                 resent = frame_bytes(out.final_weights, "raw") if r.silent_after else 0
                 sent[g.group_id] += out.wire_bytes + resent
                 handed_on[g.group_id] += out.handed_on
@@ -316,12 +334,24 @@ class VirtualDevices:
                         models[g.group_id] = forwarded[-1]
             wave += 1
         return [
-            ChainOutcome(models[g.group_id], tuple(members[g.group_id]), sent[g.group_id], handed_on[g.group_id])
+            ChainOutcome(
+                models[g.group_id],
+                tuple(members[g.group_id]),
+                sent[g.group_id],
+                handed_on[g.group_id],
+                tuple(refused[g.group_id]),
+            )
             for g in groups
         ]
 
     def _relayed_chains(
-        self, plan: RoundPlan, groups: Sequence[GroupPlan], settings: LocalTraining, seed: int, up: FrameCodec
+        self,
+        plan: RoundPlan,
+        groups: Sequence[GroupPlan],
+        settings: LocalTraining,
+        seed: int,
+        up: FrameCodec,
+        hops: Mapping[int, HopBound | None],
     ) -> list[ChainOutcome]:
         """Chains whose hand-offs go through the manager, as the coordinator relays them
         in ``int8`` runs (``server/coordinator/manager.py``): position by position, every
@@ -329,9 +359,11 @@ class VirtualDevices:
         (a delta against the model it received, added to the float32 model sent), and the
         sum goes to the successor as a start model (a downlink delta against the model the
         successor holds). A silent member is sent its model and skipped, as the manager does
-        at its deadline."""
+        at its deadline. Each output is screened on arrival (``hops``, :mod:`server.hops`): a
+        refused one is not credited and its successor gets the refused member's input."""
         current = {g.group_id: plan.models[g.start_model] for g in groups}
         members: dict[int, list[MemberResult]] = {g.group_id: [] for g in groups}
+        refused: dict[int, list[str]] = {g.group_id: [] for g in groups}
         for position in range(max((len(g.members) for g in groups), default=0)):
             turn = [(g, g.members[position]) for g in groups if position < len(g.members)]
             starts = {g.group_id: self._download(g.group_id, [c], current[g.group_id], plan.round)[0] for g, c in turn}
@@ -341,13 +373,24 @@ class VirtualDevices:
                 [(starts[g.group_id], c, settings, seed, plan.round) for g, c in answering],
                 [self._train_size([c]) for _, c in answering],
             )
-            for (g, _), out in zip(answering, outs, strict=True):
+            for (g, c), out in zip(answering, outs, strict=True):
                 back, sent = self._upload(out, current[g.group_id], starts[g.group_id], up)
                 self._wire["up"] += sent
                 assert back.weights is not None
-                current[g.group_id] = back.weights
+                bound = hops.get(g.group_id)
+                if bound is not None:
+                    checked, _ = bound.check(current[g.group_id], back.weights)
+                else:
+                    checked = back.weights if bool(np.isfinite(back.weights).all()) else None
+                if checked is None:
+                    refused[g.group_id].append(c)
+                    continue
+                current[g.group_id] = checked
                 members[g.group_id].append(dataclasses.replace(back, weights=None))
-        return [ChainOutcome(current[g.group_id], tuple(members[g.group_id])) for g in groups]
+        return [
+            ChainOutcome(current[g.group_id], tuple(members[g.group_id]), refused=tuple(refused[g.group_id]))
+            for g in groups
+        ]
 
     def _receivers(self, mode: str, members: Sequence[str]) -> list[str]:
         """Who the server sends a group's start model to: every parallel member; in a

@@ -20,6 +20,7 @@ from device.data import Dataset
 from device.protocol import EvalRow, FrameCodec, LocalTraining, Split, decode, encode_float
 from device.runtime import TFLiteModel
 from device.training import evaluate_loaded, pretrain_locally, train_locally
+from server.hops import HopBound
 from server.simulation.datasets import ClientData
 from server.simulation.faults import Faults
 from server.simulation.wire import frame_bytes
@@ -32,6 +33,7 @@ class ChainOutcome:
     members: tuple[MemberResult, ...]
     wire_bytes: int = 0  # the hand-offs' frames (the last one: to the manager)
     handed_on: int = 0  # of those, the frames the next member received
+    refused: tuple[str, ...] = ()  # members whose hand-off was refused (server/hops.py)
 
 
 class Trainer:
@@ -54,6 +56,7 @@ class Trainer:
         rnd: int,
         codec: FrameCodec = "raw",
         resend: bool = False,
+        hop: HopBound | None = None,
     ) -> ChainOutcome:
         """Members train one after another, each from its predecessor's model as it
         arrives in ``codec`` (a full-model codec: hand-offs as on boards).
@@ -61,22 +64,35 @@ class Trainer:
         ``resend``: the last member's successor is silent, so (as the coordinator's
         manager asks) the member sends its output again to the manager as float32: the
         outcome's model is that output itself, not its hand-off in ``codec`` (which is
-        counted, sent to the silent successor)."""
+        counted, sent to the silent successor).
+
+        ``hop``: the bound on each hand-off, as the group manager checks a relayed one
+        (:mod:`server.hops`); a member whose output it refuses, or whose output is not
+        finite, is not credited and the chain goes on from that member's input (the
+        manager forwards its input to the successor: the same frame size)."""
         current = weights
         out = []
+        refused = []
         sent = handed_on = 0
         for i, c in enumerate(members):
             res = train_locally(
                 self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
             )
             trained = self.faults.poisoned(c, current, res.weights, rnd)
-            payload = encode_float(trained, codec)
+            if hop is not None:
+                checked, _ = hop.check(current, trained)
+            else:
+                checked = trained if bool(np.isfinite(trained).all()) else None
+            payload = encode_float(checked if checked is not None else current, codec)  # the same size
             size = frame_bytes(payload, codec)
             sent += size
             handed_on += size if i < len(members) - 1 else 0
-            current = trained if resend and i == len(members) - 1 else decode(payload, codec)
+            if checked is None:
+                refused.append(c)
+                continue
+            current = checked if resend and i == len(members) - 1 else decode(payload, codec)
             out.append(MemberResult(c, self.faults.claimed(c, res.n_samples), res.loss))
-        return ChainOutcome(current, tuple(out), sent, handed_on)
+        return ChainOutcome(current, tuple(out), sent, handed_on, tuple(refused))
 
     def parallel(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> MemberResult:
         res = train_locally(

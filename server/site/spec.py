@@ -121,9 +121,7 @@ def check_spec(spec: SiteSpec) -> SiteSpec:
     if isinstance(spec.broker_memory_mb, bool) or not isinstance(spec.broker_memory_mb, int):
         raise ConfigError("--broker-memory-mb must be a whole number of MiB")
     if not 32 <= spec.broker_memory_mb <= 1024 * 1024:
-        raise ConfigError(
-            f"--broker-memory-mb {spec.broker_memory_mb} is out of range: 32 MiB to 1 TiB"
-        )
+        raise ConfigError(f"--broker-memory-mb {spec.broker_memory_mb} is out of range: 32 MiB to 1 TiB")
     return SiteSpec(
         spec.run,
         tuple(dict.fromkeys(hosts)),

@@ -131,12 +131,15 @@ class MemberResult:
 class GroupResult:
     """What came back for one group. ``final_weights`` is the chain's last model
     (chain mode); parallel mode carries every member's weights. ``skipped`` lists
-    members that missed their deadline (their work is lost; the chain continued)."""
+    members that missed their deadline (their work is lost; the chain continued);
+    ``refused`` members whose chain hand-off screening refused, or who reported that
+    their training failed (the chain continued from their input; :mod:`server.hops`)."""
 
     group_id: int
     members: tuple[MemberResult, ...]
     final_weights: np.ndarray | None = field(default=None, repr=False)
     skipped: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()
 
     @property
     def n_samples(self) -> int:

@@ -63,6 +63,8 @@ class Observer:
                     parse_frame(payload)
             elif rest.endswith("/status") and sender is not None:
                 assert payload in (b"online", b"offline"), payload
+            elif rest == "server/sweep":  # the coordinator's marker to itself
+                assert payload.startswith(b"sweep-"), payload
             elif rest == "artifact/manifest":
                 json.loads(payload)
             elif rest.endswith(("/inbox", "/assignment", "/register", "/results")) or rest == "server/status":

@@ -167,7 +167,6 @@ def _coordinator(broker, femnist_eval, tmp_path, run: str) -> Coordinator:  # ty
     )
 
 
-
 def _drain(coord: Coordinator, expected: int, records: list, timeout: float = 120, held=lambda: 0) -> int:  # type: ignore[no-untyped-def, type-arg]
     """Pump until ``expected`` messages were counted as drops (in records and since the
     last one) or are ``held`` as partial uploads; returns the drops."""

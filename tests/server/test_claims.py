@@ -40,7 +40,7 @@ class LyingDevices(FakeDevices):
             for c, v in sorted(self.counts.items())
         ]
 
-    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+    def execute(self, plan, *, seed, hop=None):  # type: ignore[no-untyped-def]
         out = super().execute(plan, seed=seed)
         return [
             GroupResult(

@@ -21,7 +21,7 @@ class HugeDevices(FakeDevices):
         super().__init__(set())
         self.boost = boost
 
-    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+    def execute(self, plan, *, seed, hop=None):  # type: ignore[no-untyped-def]
         out = super().execute(plan, seed=seed)
         if plan.round != 1:
             return out

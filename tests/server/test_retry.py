@@ -33,7 +33,7 @@ class FakeDevices:
     def before_round(self, rnd: int) -> dict[str, float]:
         return {}
 
-    def execute(self, plan: RoundPlan, *, seed: int) -> list[GroupResult]:
+    def execute(self, plan: RoundPlan, *, seed: int, hop: object = None) -> list[GroupResult]:
         self.plans.append(plan)
         out = []
         for g in plan.groups:

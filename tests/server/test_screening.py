@@ -189,7 +189,7 @@ def test_bad_screening_settings_are_refused(change: dict[str, object], message: 
 class PoisonedDevices(FakeDevices):
     """``c0`` returns its start model plus 50 instead of plus 0.01."""
 
-    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+    def execute(self, plan, *, seed, hop=None):  # type: ignore[no-untyped-def]
         out = super().execute(plan, seed=seed)
         boosted = []
         for r in out:
@@ -249,7 +249,7 @@ def test_the_driver_sets_the_strategys_aggregation_rule() -> None:
 class EmptyHandedDevices(FakeDevices):
     """``c0`` claims it trained on no samples but returns a model."""
 
-    def execute(self, plan, *, seed):  # type: ignore[no-untyped-def]
+    def execute(self, plan, *, seed, hop=None):  # type: ignore[no-untyped-def]
         out = super().execute(plan, seed=seed)
         return [
             GroupResult(

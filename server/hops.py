@@ -1,0 +1,92 @@
+"""Screening each hand-off of a chain, so that one bad member costs only itself.
+
+A chain's output is screened as a whole by the round driver (:mod:`server.screening`):
+its norm per member against the reference. That cannot tell *which* member boosted its
+update, and a chain whose output is refused throws away its honest members' training
+too (FedGSP, one chain of seven, one member x100: every round refused, accuracy 0.2 %);
+a boost under the chain's bound (x9 in a chain of seven) passes whole (37 % -> 17 %).
+So when a chain's hand-offs pass through its group manager (relayed), each member's
+own update, its output minus the model it was sent, is checked on arrival against a
+reference fixed before the round starts, the same way as a parallel member's:
+
+* refused above ``norm_factor`` times the reference, or when not finite: the chain
+  goes on from the member's input, as if the member had been silent (FedGSP Sec. 3.2's
+  skip), and the member is not credited;
+* scaled down to ``clip_factor`` times the reference above that (norm clipping).
+
+The reference is the lower median of the accepted per-member norms of the last
+``history_rounds`` rounds (parallel members, and chains divided by the square root of
+their length) and the server's own update (:mod:`server.reference`): known before the
+round, unlike the round's own median. With neither (round 1 without server data),
+only non-finite hand-offs are refused.
+
+Only a relayed hand-off can be screened: a direct one goes from member to member
+without the manager seeing it. With screening on, ``--handoff auto`` relays
+(``server/coordinator/execution.py``); the simulator screens exactly the hand-offs the
+coordinator relays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from server.screening import ScreeningConfig, lower_median, update_norm
+
+HopVerdict = Literal["accepted", "clipped", "refused"]
+HOP_REASON = "refused: hand-off screened, output not finite or training failed"  # in RoundRecord.dropped
+
+
+@dataclass(frozen=True)
+class HopBound:
+    """The bound on one member's update inside a chain (see the module docstring).
+
+    Parameters
+    ----------
+    reference : the per-member update norm it is measured against (``nan``: none known;
+        only non-finite hand-offs are refused).
+    norm_factor, clip_factor : as :class:`~server.screening.ScreeningConfig`'s.
+    """
+
+    reference: float
+    norm_factor: float | None
+    clip_factor: float | None
+
+    def check(self, start: np.ndarray, out: np.ndarray) -> tuple[np.ndarray | None, HopVerdict]:
+        """The member's output as the chain goes on with it: ``(out, "accepted")``, the
+        clipped output, or ``(None, "refused")`` (the chain continues from ``start``).
+
+        Parameters
+        ----------
+        start : the model the member was sent.
+        out : what it returned.
+        """
+        if not bool(np.isfinite(out).all()):
+            return None, "refused"
+        if not (math.isfinite(self.reference) and self.reference > 0) or self.norm_factor is None:
+            return out, "accepted"
+        norm = update_norm(start, out)
+        if not math.isfinite(norm) or norm > self.norm_factor * self.reference:
+            return None, "refused"
+        if self.clip_factor is not None and norm > self.clip_factor * self.reference:
+            start64 = np.asarray(start, np.float64)
+            step = (np.asarray(out, np.float64) - start64) * (self.clip_factor * self.reference / norm)
+            return (start64 + step).astype(np.float32), "clipped"
+        return out, "accepted"
+
+
+def hop_bound(config: ScreeningConfig | None, past: dict[str, list[float]], server: float | None) -> HopBound | None:
+    """The bound for this round's relayed hand-offs, from the accepted norms of past
+    rounds (``past``: per kind, chains already per member) and the server's own update
+    norm; ``None`` with screening off."""
+    if config is None or config.norm_factor is None:
+        return None
+    values = [v for kind in ("member", "chain") for v in past.get(kind, [])]
+    if server is not None and math.isfinite(server) and server > 0:
+        values.append(float(server))
+    enough = len(values) >= config.min_updates or server is not None
+    reference = lower_median(values) if values and enough else float("nan")
+    return HopBound(reference, config.norm_factor, config.clip)
