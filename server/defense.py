@@ -14,7 +14,9 @@ and on boards alike, in this order each round:
    applied: the previous one stays. This holds with screening off too (one ×10³⁰
    update froze such a run for good).
 
-With ``screening=None`` the run has no bounds at all but the guard.
+With ``screening=None`` the run has no bounds but the guard's: an update (or a relayed
+hand-off) beyond :data:`GUARD_FACTOR` times the reference is refused, so the aggregate
+of the others is applied instead of none.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ log = logging.getLogger("covey.server")
 # at most one clipped update (3 references); a server optimizer's step is larger (FedAdam
 # with η = 0.01 moved the FEMNIST MLP about 16 member references in a round).
 GUARD_FACTOR = 1000.0
+OFF = ScreeningConfig(norm_factor=GUARD_FACTOR, clip_factor=None, weight_cap=None)  # screening off: the guard
 MODEL_GUARD = 10.0  # without a reference: at most ten times the model's own norm
 OVERCLAIM_REASON = "refused: sample count above registration"
 AGGREGATE_REASON = "refused: aggregate not finite or exploding"
@@ -83,9 +86,11 @@ class Defense:
         return self._server_norm[1]
 
     def screen(self, plan: RoundPlan, results: Sequence[GroupResult], server: float | None) -> Screened:
-        """Refuse and clip (only measure with screening off); remember what was accepted."""
-        config = self.config if self.config is not None else ScreeningConfig(norm_factor=None, clip_factor=None)
-        past = self.past() if self.config is not None and self.config.history_rounds > 0 else {}
+        """Refuse and clip; remember what was accepted. With screening off only the guard's
+        bound holds: an update beyond :data:`GUARD_FACTOR` times the reference (or not
+        finite) is refused, so that one x10^30 update cannot stop every aggregate."""
+        config = self.config if self.config is not None else OFF
+        past = self.past() if self.config is None or self.config.history_rounds > 0 else {}
         screened = screen_results(plan, results, config, past, server)
         for kind, values in screened.accepted.items():
             if kind in self.history:

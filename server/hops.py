@@ -21,9 +21,10 @@ round, unlike the round's own median. With neither (round 1 without server data)
 only non-finite hand-offs are refused.
 
 Only a relayed hand-off can be screened: a direct one goes from member to member
-without the manager seeing it. With screening on, ``--handoff auto`` relays
+without the manager seeing it. So ``--handoff auto`` relays
 (``server/coordinator/execution.py``); the simulator screens exactly the hand-offs the
-coordinator relays.
+coordinator relays. With screening off, only the aggregate guard's bound holds here
+(1,000 times the reference) and non-finite hand-offs are refused.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Literal
 
 import numpy as np
 
+from server.defense import MODEL_GUARD, OFF
 from server.screening import ScreeningConfig, lower_median, update_norm
 
 HopVerdict = Literal["accepted", "clipped", "refused"]
@@ -47,7 +49,8 @@ class HopBound:
     Parameters
     ----------
     reference : the per-member update norm it is measured against (``nan``: none known;
-        only non-finite hand-offs are refused).
+        then only a non-finite hand-off, or one that moved more than
+        :data:`~server.defense.MODEL_GUARD` times its start model's norm, is refused).
     norm_factor, clip_factor : as :class:`~server.screening.ScreeningConfig`'s.
     """
 
@@ -66,9 +69,13 @@ class HopBound:
         """
         if not bool(np.isfinite(out).all()):
             return None, "refused"
-        if not (math.isfinite(self.reference) and self.reference > 0) or self.norm_factor is None:
-            return out, "accepted"
         norm = update_norm(start, out)
+        if not (math.isfinite(self.reference) and self.reference > 0) or self.norm_factor is None:
+            # no scale known yet (round 1 without server data): the aggregate guard's own
+            # fallback, an update larger than MODEL_GUARD times the model it started from
+            size = float(np.linalg.norm(np.asarray(start, np.float64)))
+            too_far = not math.isfinite(norm) or (size > 0 and norm > MODEL_GUARD * size)
+            return (None, "refused") if too_far else (out, "accepted")
         if not math.isfinite(norm) or norm > self.norm_factor * self.reference:
             return None, "refused"
         if self.clip_factor is not None and norm > self.clip_factor * self.reference:
@@ -78,12 +85,13 @@ class HopBound:
         return out, "accepted"
 
 
-def hop_bound(config: ScreeningConfig | None, past: dict[str, list[float]], server: float | None) -> HopBound | None:
+def hop_bound(config: ScreeningConfig | None, past: dict[str, list[float]], server: float | None) -> HopBound:
     """The bound for this round's relayed hand-offs, from the accepted norms of past
     rounds (``past``: per kind, chains already per member) and the server's own update
-    norm; ``None`` with screening off."""
+    norm. With screening off (``None``, or no norm bound) only the aggregate guard's
+    bound holds (:data:`server.defense.GUARD_FACTOR` times the reference, no clipping)."""
     if config is None or config.norm_factor is None:
-        return None
+        config = OFF
     values = [v for kind in ("member", "chain") for v in past.get(kind, [])]
     if server is not None and math.isfinite(server) and server > 0:
         values.append(float(server))

@@ -37,7 +37,7 @@ import numpy as np
 from device.errors import CoveyError
 from device.protocol import EvalRow, Split
 from server.costs import CostModel
-from server.defense import AGGREGATE_REASON, OVERCLAIM_REASON, Defense, ServerNorm
+from server.defense import AGGREGATE_REASON, GUARD_FACTOR, OVERCLAIM_REASON, Defense, ServerNorm
 from server.hops import HOP_REASON, HopBound, hop_bound
 from server.metrics import pairwise_cpd
 from server.screening import EMPTY_REASON as EMPTY
@@ -272,9 +272,9 @@ class RoundDriver:
 
     def note_rejections(self, rejections: Sequence[Rejection]) -> None:
         """Log refused updates; they are counted in this round's record."""
-        factor = self.screening.norm_factor if self.screening is not None else None
+        factor = self.screening.norm_factor if self.screening is not None else GUARD_FACTOR
         for r in rejections:
-            log.warning("round %d: screened out the %s", self.rnd, r.describe(factor or 0.0))
+            log.warning("round %d: screened out the %s", self.rnd, r.describe(factor or GUARD_FACTOR))
         self._rejections.extend(rejections)
 
     def step(self, planned: RoundPlan | None = None) -> RoundRecord:
@@ -367,7 +367,7 @@ class RoundDriver:
             self._refused.append((OVERCLAIM_REASON, device))
         if bounded.capped:
             extra["weights_capped"] = float(bounded.capped)
-        server = self.defense.server_norm(plan, self.seed, clients) if self.screening is not None else None
+        server = self.defense.server_norm(plan, self.seed, clients)  # screening off: the guard's scale
         screened = self.defense.screen(plan, bounded.results, server)
         self.note_rejections(screened.rejections)
         if screened.clipped:
@@ -417,9 +417,10 @@ class RoundDriver:
         return plan, results, excluded, executed
 
     def _hop_bound(self, plan: RoundPlan) -> HopBound | None:
-        """The bound on this plan's relayed chain hand-offs (None without chains or
-        without screening): past rounds' accepted norms and the server's own update."""
-        if self.screening is None or not any(g.mode == "chain" for g in plan.groups):
+        """The bound on this plan's relayed chain hand-offs (None without chains): past
+        rounds' accepted norms and the server's own update (the guard's bound alone with
+        screening off)."""
+        if not any(g.mode == "chain" for g in plan.groups):
             return None
         server = self.defense.server_norm(plan, self.seed, self.backend.clients())
         return hop_bound(self.screening, self.defense.past(), server)

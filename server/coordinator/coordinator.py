@@ -95,7 +95,7 @@ class CoordinatorConfig:
     deadline_s: float = 120.0
     seed: int = 0
     max_chunk: int = 900_000
-    relay_rtt_ms: float = 250.0
+    relay_rtt_ms: float = 250.0  # unused: `auto` relays every chain (server/hops.py); kept for old configs
     federated_eval_every: int = 0  # evaluate on the devices' own test sets every N rounds (0: never)
     # partial model payloads held at once: a parallel round has one in flight per device
     # (each device may hold two models' worth, and only registered devices any)
@@ -234,7 +234,7 @@ class Coordinator(Persistence):
             screening=config.screening,
             # the server's own update on its held-out data: screening's reference when a round
             # has one or two chains (server/reference.py)
-            reference=server_norm(model_path, eval_data) if eval_data is not None and config.screening else None,
+            reference=server_norm(model_path, eval_data) if eval_data is not None else None,
         )
         self.driver.on_planned = self._journal
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 from device.errors import ProtocolError
-from device.protocol import DELTA_WIRE_CODECS, SERVER_ID, Assignment, Message, Payload, TrainResult
+from device.protocol import SERVER_ID, Assignment, Message, Payload, TrainResult
 from server.coordinator.manager import GroupManager, Handoff
 from server.coordinator.shared import SharedModels
 from server.hops import HopBound
@@ -51,18 +51,11 @@ class RoundExecution:
             return "direct" if group_index % 2 == 0 else "relay"
         if mode in ("direct", "relay"):
             return mode  # type: ignore[return-value]
-        screening = self.coord.cfg.screening
-        if screening is not None and screening.norm_factor is not None:
-            # the manager screens each relayed hand-off, so one bad member costs only itself
-            # (server/hops.py); a direct one it never sees
-            return "relay"
-        if self.coord.cfg.codec in DELTA_WIRE_CODECS:
-            # relayed hand-offs travel as int8 (int4) deltas both ways, a direct one as a full fp16
-            # model: fewer bytes on every link (GroupManager's docstring)
-            return "relay"
-        devices = self.coord.devices
-        slow = [d for d in members if not devices[d].direct or devices[d].rtt_ms > self.coord.cfg.relay_rtt_ms]
-        return "relay" if slow else "direct"
+        # auto: the manager screens each relayed hand-off, so one bad member costs only
+        # itself (server/hops.py); a direct one it never sees. (Relayed hand-offs also
+        # travel as int8/int4 deltas in those runs, and reach devices that cannot publish
+        # to peers.)
+        return "relay"
 
     def run(self, plan: RoundPlan, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
         c = self.coord

@@ -211,14 +211,13 @@ class VirtualDevices:
 
     def _relayed_on_boards(self, index: int) -> bool:
         """Whether the coordinator relays the hand-offs of the group at ``index`` through
-        its manager whatever the codec (``handoff`` ``relay``, or ``mixed`` at odd
-        positions; ``server/coordinator/execution.py``). Outside delta runs this
-        simulator runs them as direct hand-offs, which give the same models, and counts
-        what the next member received as the manager's frame (``down``) instead of a
-        device's (``peer``). ``auto`` also relays groups with a slow device, which only
-        the coordinator measures."""
-        screened = self.handoff == "auto" and self.measure_norms  # auto relays when screening is on
-        return self.handoff == "relay" or (self.handoff == "mixed" and index % 2 == 1) or screened
+        its manager whatever the codec (``handoff`` ``auto`` or ``relay``, or ``mixed`` at
+        odd positions; ``server/coordinator/execution.py``), screening each hand-off
+        (``server/hops.py``). Outside delta runs this simulator runs them as direct
+        hand-offs with the same checks, which give the same models, and counts what the
+        next member received as the manager's frame (``down``) instead of a device's
+        (``peer``)."""
+        return self.handoff in ("auto", "relay") or (self.handoff == "mixed" and index % 2 == 1)
 
     def execute(self, plan: RoundPlan, *, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
         settings = plan.train.to_wire()
@@ -570,7 +569,7 @@ class Simulation:
             max_attempts=max_attempts,
             screening=screening,
             server_eval=server_eval,
-            reference=reference if screening is not None else None,
+            reference=reference,  # with screening off too: the guard's bound needs a scale
         )
         self.driver.setup(self.devices.initial_weights())
 

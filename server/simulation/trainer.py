@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from device.data import Dataset
+from device.errors import WeightsError
 from device.protocol import EvalRow, FrameCodec, LocalTraining, Split, decode, encode_float
 from device.runtime import TFLiteModel
 from device.training import evaluate_loaded, pretrain_locally, train_locally
@@ -75,9 +76,13 @@ class Trainer:
         refused = []
         sent = handed_on = 0
         for i, c in enumerate(members):
-            res = train_locally(
-                self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
-            )
+            try:
+                res = train_locally(
+                    self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
+                )
+            except WeightsError:  # diverged: the board sends `failed`, the manager passes it over
+                refused.append(c)
+                continue
             trained = self.faults.poisoned(c, current, res.weights, rnd)
             if hop is not None:
                 checked, _ = hop.check(current, trained)
@@ -95,9 +100,13 @@ class Trainer:
         return ChainOutcome(current, tuple(out), sent, handed_on, tuple(refused))
 
     def parallel(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> MemberResult:
-        res = train_locally(
-            self.model, self.data[client].train, settings, start=weights, seed=seed, rnd=rnd, device_id=client
-        )
+        try:
+            res = train_locally(
+                self.model, self.data[client].train, settings, start=weights, seed=seed, rnd=rnd, device_id=client
+            )
+        except WeightsError:  # diverged: a non-finite model, which screening always refuses
+            nan = np.full(weights.shape, np.nan, np.float32)
+            return MemberResult(client, len(self.data[client].train.y), float("nan"), nan)
         claimed = self.faults.claimed(client, res.n_samples)
         return MemberResult(client, claimed, res.loss, self.faults.poisoned(client, weights, res.weights, rnd))
 

@@ -61,4 +61,5 @@ def test_one_poisoner_in_eight_is_screened_out_and_wrecks_the_model_without_scre
     assert float(np.max(np.abs(screened.weights - simulated.weights))) <= 1e-5  # screened alike
     # unscreened, the damage is plain
     assert damage > 10.0, damage
-    assert unscreened.rejected == {}
+    # only the guard's bound holds (1,000 times the reference): honest devices are never refused
+    assert set(unscreened.rejected) <= {POISONER}

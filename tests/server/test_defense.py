@@ -40,7 +40,7 @@ class HugeDevices(FakeDevices):
 
 
 @pytest.mark.parametrize("boost", [1e30, float("inf")], ids=["x1e30", "infinite"])
-def test_without_screening_an_exploding_aggregate_is_not_applied_and_the_run_goes_on(boost: float) -> None:
+def test_without_screening_an_exploding_update_is_refused_and_the_run_goes_on(boost: float) -> None:
     # Prepare
     driver = RoundDriver(
         make_strategy("fedavg", train=TrainConfig(1, 10, 0.1), clients_per_round=len(IDS)),
@@ -56,14 +56,11 @@ def test_without_screening_an_exploding_aggregate_is_not_applied_and_the_run_goe
     after_first = driver.strategy.global_weights.copy()
     second = driver.step()
 
-    # Assert: round 1's aggregate was refused (x1e30) or the infinite model itself (as the
-    # protocol does on receipt); round 2 trained from a model without either
-    if np.isfinite(boost):
-        assert first.dropped.get(AGGREGATE_REASON) == 1
-        np.testing.assert_array_equal(after_first, np.zeros(6, np.float32))
-    else:
-        assert first.rejected == {"c0": 1} and AGGREGATE_REASON not in first.dropped
-        np.testing.assert_allclose(after_first, 0.01, rtol=1e-5)
+    # Assert: the x1e30 update (beyond the guard's 1,000 times the round's median) or the
+    # infinite model itself was refused, not the aggregate of the others: the run moved
+    # on in round 1 already (one x10^30 update used to freeze such a run for good)
+    assert first.rejected == {"c0": 1} and AGGREGATE_REASON not in first.dropped
+    np.testing.assert_allclose(after_first, 0.01, rtol=1e-5)
     assert AGGREGATE_REASON not in second.dropped
     np.testing.assert_allclose(driver.strategy.global_weights, after_first + 0.01, rtol=1e-5)
 

@@ -49,7 +49,8 @@ def test_a_hand_off_that_is_not_finite_is_refused_even_without_a_reference() -> 
 
 def test_the_reference_comes_from_past_rounds_and_the_server() -> None:
     config = ScreeningConfig()
-    assert hop_bound(None, {}, 1.0) is None  # screening off
+    off = hop_bound(None, {}, 1.0)  # screening off: the aggregate guard's bound, no clipping
+    assert (off.reference, off.norm_factor, off.clip_factor) == (1.0, 1000.0, None)
     assert np.isnan(hop_bound(config, {"member": [1.0]}, None).reference)  # too few, no server
     assert hop_bound(config, {}, 0.4).reference == 0.4  # the server's own update alone
     past = {"member": [0.2, 0.3], "chain": [0.5, 9.0]}

@@ -15,6 +15,7 @@ from device.data import Dataset, read_leaf
 from server.fleet import leaf_writers
 from server.hops import HOP_REASON
 from server.reference import server_norm
+from server.rounds import DEFAULT_SCREENING
 from server.simulation.datasets import ClientData
 from server.simulation.engine import Simulation
 from server.simulation.faults import Faults
@@ -36,7 +37,7 @@ def femnist():  # type: ignore[no-untyped-def]
     return fed, held_out
 
 
-def _run(femnist, faults: Faults | None, chains: int = 1):  # type: ignore[no-untyped-def]
+def _run(femnist, faults: Faults | None, chains: int = 1, screening=DEFAULT_SCREENING):  # type: ignore[no-untyped-def]
     fed, held_out = femnist
     model = ensure_model("mlp_femnist")
     strategy = make_strategy(
@@ -49,6 +50,7 @@ def _run(femnist, faults: Faults | None, chains: int = 1):  # type: ignore[no-un
         seed=1,
         federated_eval_every=0,
         faults=faults,
+        screening=screening,
         server_eval=server_evaluator(model, held_out),
         reference=server_norm(model, held_out),
     )
@@ -70,3 +72,13 @@ def test_a_bad_hand_off_costs_only_its_member(femnist, scale: float) -> None:
     drop = clean[-1].server_accuracy - attacked[-1].server_accuracy
     assert drop < 0.05, (clean[-1].server_accuracy, attacked[-1].server_accuracy)
     assert all(r.trained == 7 and not r.rejected for r in clean)
+
+
+def test_with_screening_off_the_guard_still_refuses_a_x1e30_hand_off(femnist) -> None:
+    # Execute: screening off; the server's own update is the guard's scale from round 1
+    attacked, weights = _run(femnist, Faults(scale={INSIDER: 1e30}), screening=None)
+
+    # Assert: refused every round (1,000 times the reference), the chain went on and learned
+    assert all(rec.rejected.get(INSIDER) == 1 and rec.trained == 6 for rec in attacked)
+    assert weights is not None and np.isfinite(weights).all()
+    assert attacked[-1].server_accuracy > attacked[0].server_accuracy
