@@ -336,10 +336,12 @@ def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameH
     """Split and validate one frame; raises :class:`ProtocolError` naming the problem."""
     if len(frame) > max_frame:
         raise ProtocolError(f"frame of {len(frame)} bytes exceeds the {max_frame}-byte limit")
-    if len(frame) < 8 or frame[:4] != MAGIC:
-        if frame[:3] == b"CVY" and len(frame) >= 4:
-            raise ProtocolError(f"frame of protocol version {frame[3:4].decode(errors='replace')}, expected 2")
-        raise ProtocolError("not a covey frame (bad magic or truncated before the header)")
+    if frame[:3] == b"CVY" and len(frame) >= 4 and frame[:4] != MAGIC:
+        raise ProtocolError(f"frame of protocol version {frame[3:4].decode(errors='replace')}, expected 2")
+    if frame[:4] != MAGIC:
+        raise ProtocolError("not a covey frame (bad magic)")
+    if len(frame) < 8:
+        raise ProtocolError(f"frame of {len(frame)} bytes, truncated before its header length")
     (head_len,) = struct.unpack("<I", frame[4:8])
     if head_len > MAX_HEADER or 8 + head_len > len(frame):
         raise ProtocolError(f"frame header length {head_len} does not fit the {len(frame)}-byte frame (truncated)")
@@ -355,6 +357,27 @@ def parse_frame(frame: bytes, max_frame: int = 64 * 1024 * 1024) -> tuple[FrameH
             " (truncated or padded)"
         )
     return header, chunk
+
+
+class _Quota:
+    """Logs at most ``burst`` lines per ``window_s`` seconds; then counts, and says how
+    many it held back with the next line it lets through ("… and 94,371 more")."""
+
+    def __init__(self, burst: int = 5, window_s: float = 60.0) -> None:
+        self.burst, self.window_s = burst, window_s
+        self._since, self._shown, self.held_back = -float("inf"), 0, 0
+
+    def warn(self, message: str, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._since > self.window_s:
+            if self.held_back:
+                log.warning("... and %d more like it in %.0f s", self.held_back, now - self._since)
+            self._since, self._shown, self.held_back = now, 0, 0
+        if self._shown < self.burst:
+            self._shown += 1
+            log.warning(message, *args)
+        else:
+            self.held_back += 1
 
 
 class Reassembler:
@@ -385,6 +408,7 @@ class Reassembler:
         self._first_at: dict[str, tuple[float, int]] = {}  # when each partial message's first chunk arrived, its bytes
         self.evicted = 0
         self.expired = 0
+        self._log = _Quota()  # a flood of partial payloads is counted, not logged line by line
 
     @property
     def pending_bytes(self) -> int:
@@ -400,7 +424,7 @@ class Reassembler:
             head, _, _ = self._parts.pop(key)
             self._first_at.pop(key, None)
             self.expired += 1
-            log.warning("dropped the partial %s payload %s: no chunk for %.0f s", head.kind, key, self.max_age_s)
+            self._log.warn("dropped the partial %s payload %s: no chunk for %.0f s", head.kind, key, self.max_age_s)
 
     def _make_room(self, nbytes: int, sender: str) -> None:
         if self.max_pending_per_sender is not None:
@@ -420,7 +444,7 @@ class Reassembler:
         head, parts, _ = self._parts.pop(key)
         self._first_at.pop(key, None)
         self.evicted += 1
-        log.warning(
+        self._log.warn(
             "evicted the partial %s frame %s from %s (%d of %d chunks): %s",
             head.kind,
             key,

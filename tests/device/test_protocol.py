@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import struct
 
 import numpy as np
@@ -232,3 +233,49 @@ def test_partials_never_hold_more_than_they_announce_and_expire(monkeypatch) -> 
     clock[0] += 31.0
     assert r.add(_frames(np.ones(3, np.float32))[0]) is not None  # any later frame expires the old partial
     assert r.expired == 1 and r.held_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("frame", "says"),
+    [
+        (b"CVY2\x10\x00", "truncated before its header length"),  # issue 26: said "version 2, expected 2"
+        (b"CVY", "bad magic"),
+        (b"CVY1" + bytes(20), "protocol version 1, expected 2"),
+        (b"XXXX" + bytes(20), "bad magic"),
+    ],
+)
+def test_a_short_or_foreign_frame_is_named_for_what_it_is(frame: bytes, says: str) -> None:
+    with pytest.raises(ProtocolError, match=says):
+        parse_frame(frame)
+
+
+def test_a_flood_of_evictions_logs_a_few_lines_and_a_count(caplog: pytest.LogCaptureFixture) -> None:
+    # Prepare: a sender may hold one partial payload of 8 bytes; 200 first chunks of others
+    caplog.set_level(logging.WARNING, logger="covey.protocol")
+    reassembler = Reassembler(max_pending_per_sender=8)
+    firsts = [
+        next(
+            iter(
+                encode_frames(
+                    np.full(2, i, np.float32),
+                    kind="result",
+                    run="r",
+                    round=1,
+                    group=0,
+                    sender="d1",
+                    extra=FrameExtra("t", position=0),
+                    max_chunk=4,
+                )
+            )
+        )
+        for i in range(200)
+    ]
+
+    # Execute
+    for frame in firsts:
+        assert reassembler.add(frame, sender="d1") is None
+
+    # Assert: 199 evictions, counted; five lines logged, the rest held back
+    assert reassembler.evicted == 199
+    assert sum("evicted the partial" in r.getMessage() for r in caplog.records) == 5
+    assert reassembler._log.held_back == 194
