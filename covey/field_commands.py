@@ -31,7 +31,7 @@ def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
     out = ["--strategy", args.strategy, "--model", args.model, "--rounds", str(args.rounds)]
     out += ["--deadline", str(args.deadline), "--register-timeout", str(args.register_timeout)]
     out += ["--federated-eval-every", "0", "--link-bandwidth-mhz", str(args.link_bandwidth_mhz)]
-    for flag in ("epochs", "batch", "lr", "codec"):
+    for flag in ("epochs", "batch", "lr", "codec", "handoff"):
         value = getattr(args, flag)
         if value is not None:
             out += [f"--{flag}", str(value)]
@@ -145,6 +145,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
     add_codec_flag(p)
+    p.add_argument(
+        "--handoff",
+        choices=("auto", "direct", "relay"),
+        help="chain hand-offs, as `covey server run --handoff` (default auto: relayed and screened; direct: "
+        "device to device, timed on the peers' own links)",
+    )
     p.add_argument("--target", type=float, help="accuracy (%%) whose time-to-accuracy the report gives")
     p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (default: the bundled FEMNIST sample)")
     p.add_argument("--out", help="report, plot, run state and logs (default runs/field/<topology>-<strategy>)")

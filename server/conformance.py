@@ -59,6 +59,8 @@ RULES: dict[str, str] = {
     "pretrain_reply": "answers pretrain with one update frame of trained minus start weights, then a pretrain result",
     "evaluate": "answers evaluate with one row per model (loss, correct <= n)",
     "duplicate_request": "trains a request once even when it arrives twice (it may send the held result again)",
+    "held_result": "holds a result until the server's ack and delivers it again, unchanged, to a new coordinator "
+    "(a new epoch in server/status)",
     "corrupt_frame": "ignores a frame whose sha256 does not match and trains on the good copy",
     "wrong_predecessor": "ignores a hand-off from a device that is not its predecessor",
     "stale_round": "ignores a model of another round",
@@ -151,6 +153,7 @@ class ConformanceKit:
         self.epoch = uuid.uuid4().hex[:8]
         self._tasks = 0
         self.registration: Register | None = None  # the device's register body, once it arrived
+        self._model_sha256: str | None = None  # the artifact's, once published
 
     # -- plumbing --------------------------------------------------------------------------
     def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:
@@ -238,6 +241,12 @@ class ConformanceKit:
                 out.append((head, arr, s.at))
         return out
 
+    def epoch_changed(self) -> None:
+        """Play a coordinator that restarted: a new epoch in the retained server status."""
+        self.epoch = uuid.uuid4().hex[:8]
+        status = ServerStatus(self.epoch, "running", model_sha256=self._model_sha256)
+        self._publish(self.topics.server_status, Message.of(status, run=self.run, sender=SERVER_ID).encode(), True)
+
     def verdict(self, rule: str, passed: bool, detail: str = "") -> None:
         self.report.verdicts.append(Verdict(rule, bool(passed), "" if passed else detail))
 
@@ -253,6 +262,7 @@ class ConformanceKit:
         ):
             self._publish(self.topics.artifact_chunk(i), frame, retain=True)
         self._publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True)
+        self._model_sha256 = manifest["sha256"]
         status = ServerStatus(self.epoch, "running", model_sha256=manifest["sha256"])
         self._publish(self.topics.server_status, Message.of(status, run=self.run, sender=SERVER_ID).encode(), True)
         found = self.wait_for(

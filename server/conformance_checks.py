@@ -216,6 +216,28 @@ class _Checks:
         same = again is None or (first is not None and np.array_equal(again[1], first[1]))
         self.kit.verdict("duplicate_request", same and not new_results, "trained the same task twice")
 
+    def held(self, request: TrainRequest, first: Output | None) -> None:
+        """A coordinator restarted (``--resume``): a new epoch in ``server/status``. The
+        device registers again and delivers every result not yet acknowledged (the kit
+        never acks), unchanged: the same output and the same result message."""
+        ids = {m.id for m, _ in self.kit._messages(0, "results") if getattr(m.body, "task_id", None) == request.task_id}
+        since = len(self.kit.seen)
+        self.kit.epoch_changed()
+        again = self.output(since, self.t.uploads(self.me), request.task_id, "result")
+        redelivered = [
+            m for m, _ in self.kit._messages(since, "results") if getattr(m.body, "task_id", None) == request.task_id
+        ]
+        why = ""
+        if first is None:
+            why = "no first output to compare with"
+        elif again is None:
+            why = "nothing delivered again after the new epoch: a restarted coordinator would wait out a deadline"
+        elif not np.array_equal(again[1], first[1]):
+            why = "the output delivered again differs from the first (trained again?)"
+        elif not any(m.id in ids for m in redelivered):
+            why = "the result message was not delivered again unchanged (same message id)"
+        self.kit.verdict("held_result", not why, why)
+
     def shared(self) -> None:
         since, task, key = len(self.kit.seen), self.kit._task("shr"), f"conf-{self.kit.epoch}-shared"
         for i, frame in enumerate(
@@ -366,6 +388,7 @@ def run_checks(kit: ConformanceKit) -> None:
     c.ping()
     request, first = c.parallel()
     c.duplicate(request, first)
+    c.held(request, first)
     c.codecs()
     c.shared()
     task, out = c.handoff()

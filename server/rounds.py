@@ -36,6 +36,7 @@ import numpy as np
 
 from device.errors import CoveyError
 from device.protocol import EvalRow, Split
+from server.claims import bounded_info, bounded_infos, population_cap
 from server.costs import CostModel
 from server.defense import AGGREGATE_REASON, GUARD_FACTOR, OVERCLAIM_REASON, Defense, ServerNorm
 from server.hops import HOP_REASON, HopBound, hop_bound
@@ -166,7 +167,7 @@ class _Context:
         self._driver = driver
 
     def clients(self) -> Sequence[ClientInfo]:
-        return self._driver.backend.clients()
+        return self._driver.clients()
 
     def pretrain(self, client_ids: Sequence[str], weights: np.ndarray, steps: int) -> dict[str, np.ndarray]:
         d = self._driver
@@ -256,8 +257,22 @@ class RoundDriver:
     def setup(self, initial_weights: np.ndarray) -> None:
         """Give the strategy its clients, the initial model and the run's generator."""
         self.model_bytes = int(np.asarray(initial_weights, np.float32).nbytes)
-        self.strategy.setup(self.backend.clients(), initial_weights, np.random.default_rng(self.seed))
+        self.strategy.setup(self.clients(), initial_weights, np.random.default_rng(self.seed))
         self._configure_strategy()
+
+    def clients(self) -> list[ClientInfo]:
+        """The backend's clients as strategies see them: counts above the population cap
+        scaled down (:func:`server.claims.bounded_infos`)."""
+        return bounded_infos(self.backend.clients(), self._weight_cap)
+
+    def add_client(self, client: ClientInfo) -> None:
+        """A device that registered (again) during the run, bounded like the others."""
+        cap = population_cap({c.client_id: int(c.n_samples) for c in self.backend.clients()}, self._weight_cap)
+        self.strategy.add_client(bounded_info(client, cap))
+
+    @property
+    def _weight_cap(self) -> float | None:
+        return self.screening.weight_cap if self.screening is not None else None
 
     def resume(self, rnd: int, records: Sequence[RoundRecord], model_bytes: int) -> None:
         """Continue after round ``rnd`` (the strategy was restored from a checkpoint)."""

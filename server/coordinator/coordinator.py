@@ -82,6 +82,15 @@ from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
 LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
+
+
+class OtherRoundError(ProtocolError):
+    """A result of another round than the current one: dropped quietly (a device
+    delivering a held result again is honest), and its message id not remembered."""
+
+    reason = "result of another round"
+
+
 DEVICE_LANE_MESSAGES = 1_000  # messages one device may have waiting in the receive queue (device/mqtt.py lanes)
 
 
@@ -317,6 +326,8 @@ class Coordinator(Persistence):
             return
         try:
             self._dispatch(item)
+        except OtherRoundError as exc:  # not held against the device (_on_result)
+            self.drop(exc.reason, f"{item.topic}: {exc}", quiet=True)
         except CoveyError as exc:
             self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}", self._sender(item))
         except Exception as exc:  # no single message, from anyone, may stop a run
@@ -374,7 +385,7 @@ class Coordinator(Persistence):
             confirmed = self.registry.pong(device, msg.body)
             self.linkbook.add_rtt(device, self.devices[device].rtt_ms)
             if confirmed is not None and self._started:
-                self.strategy.add_client(confirmed)  # a newcomer passed admission
+                self.driver.add_client(confirmed)  # a newcomer passed admission
         elif isinstance(msg.body, LinkReport):
             if not self.linkbook.on_report(device, msg.body):
                 raise ProtocolError(f"link report {msg.body.task_id!r} from {device}, which was not asked for it")
@@ -408,7 +419,7 @@ class Coordinator(Persistence):
         for evicted in reg.evicted:
             self.drop("registration evicted before confirming", f"{evicted}: more than the pending limit")
         if self._started and reg.changed and reg.info is not None:
-            self.strategy.add_client(reg.info)  # new counts
+            self.driver.add_client(reg.info)  # new counts
 
     def _on_result(self, device: str, msg: Message) -> None:
         rec = self.registry.known(device)
@@ -420,9 +431,9 @@ class Coordinator(Persistence):
         if msg.round != self.round:
             # a held result delivered again (a reconnect, a new coordinator epoch before the
             # resumed round starts): honest, and asked for again when its round runs, so not
-            # counted against the device
-            self.drop("result of another round", f"{device}: round {msg.round}, now {self.round}", quiet=True)
-            return
+            # counted against the device; raised, so that its id is not remembered (the
+            # same message must count when it comes again in its round)
+            raise OtherRoundError(f"result of round {msg.round} from {device}; the current round is {self.round}")
         outcome = self.execution.on_result(device, body)
         if outcome == "duplicate":
             self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
@@ -488,8 +499,7 @@ class Coordinator(Persistence):
         if h.kind != "result":
             raise ProtocolError(f"devices send result and update frames to the server, not {h.kind!r}")
         if h.round != self.round:  # as for result messages (_on_result): a held output again
-            self.drop("result of another round", f"{device} frame: round {h.round}, now {self.round}", quiet=True)
-            return
+            raise OtherRoundError(f"result frame of round {h.round} from {device}; the current round is {self.round}")
         outcome = self.execution.on_frame(payload, weights)
         if outcome == "duplicate":
             self.drop("duplicate result", f"{device} frame of {h.extra.task_id}", quiet=True)

@@ -1,4 +1,4 @@
-"""covey's agent, broken on purpose in five ways a third-party device got wrong.
+"""covey's agent, broken on purpose in six ways a third-party device got wrong.
 
 1. Its frames carry ``"group": null`` (the protocol's ``group`` is an integer, -1 for
    none).
@@ -10,6 +10,8 @@
    fp16 and int8 models every version-2 device gets.
 5. It says nothing about itself: no platform in its registration, no telemetry in its
    train results (as agents from before them).
+6. It forgets its results once sent: a new coordinator (after ``--resume``) never gets
+   them again, and the round waits out a deadline.
 
 Run like covey-device: ``python tests/mqtt/broken_agent.py --broker ... --run ... --id ...``.
 """
@@ -88,6 +90,7 @@ def _wrong_pretrain(self: tasks.TaskRunner, request: Any, rnd: int, weights: np.
 
 frames_module.encode_frames = _null_group  # type: ignore[assignment]
 agent.FRAME_CODECS = ("raw",)  # type: ignore[attr-defined]
+agent.Agent._redeliver_held = lambda self, why: None  # type: ignore[method-assign]
 tasks.TaskRunner.train = _late_train  # type: ignore[method-assign]
 tasks.TaskRunner.pretrain = _wrong_pretrain  # type: ignore[method-assign]
 board.describe = lambda backend, version: None  # type: ignore[assignment,return-value]

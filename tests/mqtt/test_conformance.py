@@ -87,9 +87,9 @@ def test_a_device_breaking_five_rules_gets_five_named_failures(broker, tmp_path)
         device.terminate()
         device.wait(30)
 
-    # Assert: exactly the five broken rules fail, each with what was seen
+    # Assert: exactly the six broken rules fail, each with what was seen
     failed = {v.rule: v.detail for v in report.failed}
-    broken = {"frames_well_formed", "result_follows_frames", "pretrain_reply", "codecs", "platform"}
+    broken = {"frames_well_formed", "result_follows_frames", "pretrain_reply", "codecs", "platform", "held_result"}
     assert set(failed) == broken, report.table()
     assert "register carries no platform" in failed["platform"]
     assert "train results carries telemetry" in failed["platform"]
@@ -97,6 +97,7 @@ def test_a_device_breaking_five_rules_gets_five_named_failures(broker, tmp_path)
     assert "group must be an integer" in failed["frames_well_formed"]
     assert "after the output frames" in failed["result_follows_frames"]
     assert "trained weights, not trained minus start" in failed["pretrain_reply"]
+    assert "nothing delivered again after the new epoch" in failed["held_result"]
 
 
 def test_a_device_that_lists_q8_but_cannot_train_from_it_fails_the_codecs_rule(broker, tmp_path) -> None:

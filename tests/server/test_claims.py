@@ -79,3 +79,39 @@ def test_the_driver_weighs_a_liar_at_most_the_cap(cap: float | None, expected: f
     # Assert: with the cap the liar weighs 2 honest devices (2 x the quartile 10); without, it is the mean
     np.testing.assert_allclose(driver.strategy.global_weights, expected, rtol=1e-4, atol=1e-7)
     assert record.extra.get("weights_capped", 0) == (1 if cap else 0)
+
+
+def test_strategies_group_by_bounded_registrations() -> None:
+    # Prepare: four honest registrations of 100-400 samples and a liar of 10^9
+    from server.claims import bounded_infos
+    from server.strategies.base import ClientInfo
+
+    honest = [ClientInfo(f"h{i}", n, np.array([n // 2, n - n // 2])) for i, n in enumerate((100, 200, 300, 400))]
+    liar = ClientInfo("liar", 10**9, np.array([10**9 - 5, 5]))
+
+    # Execute
+    seen = {c.client_id: c for c in bounded_infos([*honest, liar], weight_cap=2.0)}
+
+    # Assert: honest ones as registered; the liar at 2 x the upper quartile (of the five),
+    # its class proportions kept and its counts still summing to its count
+    cap = int(2.0 * np.percentile([100, 200, 300, 400, 10**9], 75))
+    assert all(seen[c.client_id] is c for c in honest)
+    assert seen["liar"].n_samples == cap == int(seen["liar"].class_counts.sum())
+    assert seen["liar"].class_counts[1] <= 1
+    assert bounded_infos([liar], weight_cap=None) == [liar]  # no cap: as registered
+
+
+def test_the_strategy_sees_bounded_registrations_from_the_driver() -> None:
+    driver = RoundDriver(
+        make_strategy("fedavg", train=TrainConfig(1, 10, 0.1), clients_per_round=len(IDS)),
+        LyingDevices(set()),
+        seed=0,
+        federated_eval_every=0,
+        screening=ScreeningConfig(),
+    )
+    driver.setup(np.zeros(6, np.float32))
+    seen = {c.client_id: c.n_samples for c in driver.context.clients()}
+    assert seen["c0"] == 20 and all(seen[c] == 10 for c in IDS if c != "c0")  # 2 x the upper quartile
+    assert driver.strategy.clients["c0"].n_samples == 20  # what setup gave the strategy
+    driver.add_client(ClientInfo("c0", 10**9, np.full(4, 10**9 // 4)))  # registering again: bounded again
+    assert driver.strategy.clients["c0"].n_samples == 20

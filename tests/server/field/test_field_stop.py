@@ -62,7 +62,7 @@ def test_hand_offs_are_timed_and_sigterm_removes_the_lab_and_every_process(tmp_p
     out_dir, log = tmp_path / "field", tmp_path / "field-test.out"
     argv = [sys.executable, "-m", "covey.cli", "field-test", str(REPO / "examples/topologies/lab.toml")]
     argv += ["--strategy", "fedgsp", "--set", "kappa=1.0", "--set", "growth=log", "--set", "beta=2"]
-    argv += ["--set", "alpha=1.0", "--rounds", "200", "--codec", "fp32", "--out", str(out_dir)]
+    argv += ["--set", "alpha=1.0", "--rounds", "200", "--codec", "fp32", "--handoff", "direct", "--out", str(out_dir)]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env)
