@@ -149,3 +149,43 @@ def test_queue_full_drops_reach_the_round_record_and_the_agent_stats(tmp_path) -
     assert first.dropped == {"receive queue full": 7}
     assert second.dropped == {"receive queue full": 2}
     assert agent.stats.dropped == {"receive queue full": 3}
+
+
+def test_an_agent_bounds_each_peers_partial_payloads_by_its_model(tmp_path) -> None:
+    from device.agent import Agent, AgentConfig
+    from device.protocol import FrameExtra, encode_frames
+
+    # Prepare: an agent that knows its model (433,726 parameters: the FEMNIST MLP); no broker needed
+    data = Dataset(np.zeros((4, 784), np.float32), np.zeros(4, np.int32))
+    agent = Agent(AgentConfig("d1", "qd", "127.0.0.1", 1, tmp_path / "agent"), data)
+    agent._bound_to_model(433_726)
+    halves = [
+        next(
+            iter(
+                encode_frames(
+                    np.full(433_726, i, np.float32),
+                    kind="handoff",
+                    run="qd",
+                    round=1,
+                    group=0,
+                    sender="peer",
+                    extra=FrameExtra(f"t{i}", position=1),
+                    max_chunk=900_000,
+                )
+            )
+        )
+        for i in range(20)
+    ]
+
+    # Execute: a peer hoards first halves of 20 models
+    for frame in halves:
+        agent._frames.add(frame, sender="peer")
+    agent.close()
+
+    # Assert: at most two of the largest payloads it may send (a model, or a 4 MiB link
+    # probe) held for that peer, the rest evicted (20 halves hold 17 MB); its lane as bounded
+    largest = max(4 * 433_726, 4 * 2**20) + 64 * 1024
+    assert agent._frames.max_pending_per_sender == 2 * largest
+    assert agent._frames.pending_bytes <= 2 * largest
+    assert agent._frames.evicted >= 15
+    assert agent.link.lane_max_bytes == 2 * largest + 2 * 900_000
