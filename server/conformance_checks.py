@@ -1,4 +1,4 @@
-"""The scenarios the conformance kit (:mod:`server.conformance`) runs against a device.
+"""The scenarios the conformance kit (the conformance kit) runs against a device.
 
 Each scenario sends requests and models as a coordinator would, waits for what the
 protocol says must come back (or, for bad input, for a quiet period in which nothing
@@ -8,7 +8,7 @@ may come back), and records a verdict on one rule of :data:`server.conformance.R
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -34,12 +34,9 @@ from device.protocol import (
     encode_float,
     encode_frames,
 )
-from server.conformance import PEER, SINK
+from server.conformance_session import PEER, SINK, ProbeSession
 
 REQUIRED_CODECS = ("raw", "fp16", "int8", "int8z")  # what the coordinator sends any version-2 device
-
-if TYPE_CHECKING:
-    from server.conformance import ConformanceKit
 
 TRAIN = LocalTraining(1, 5, 0.01)
 QUIET_S = 3.0  # how long a device has to show it ignored bad input
@@ -48,7 +45,7 @@ Output = tuple[FrameHeader, np.ndarray, float]
 
 
 class _Checks:
-    def __init__(self, kit: ConformanceKit) -> None:
+    def __init__(self, kit: ProbeSession) -> None:
         self.kit, self.t = kit, kit.topics
         self.me = kit.device
         self.n_params = kit.manifest.n_params
@@ -60,7 +57,7 @@ class _Checks:
     def output(self, since: int, topic: str, task_id: str, kind: str, timeout: float | None = None) -> Output | None:
         def find(i: int) -> Output | None:
             return next(
-                (p for p in self.kit._payloads(i, topic) if p[0].extra.task_id == task_id and p[0].kind == kind), None
+                (p for p in self.kit.payloads(i, topic) if p[0].extra.task_id == task_id and p[0].kind == kind), None
             )
 
         found: Any = self.kit.wait_for(find, timeout, since)
@@ -71,7 +68,7 @@ class _Checks:
             return next(
                 (
                     (m.body, at)
-                    for m, at in self.kit._messages(i, "results")
+                    for m, at in self.kit.messages(i, "results")
                     if isinstance(m.body, kind) and getattr(m.body, "task_id", None) == task_id
                 ),
                 None,
@@ -94,13 +91,13 @@ class _Checks:
             seed=1,
             **fields,
         )
-        self.kit._request(request, rnd)
+        self.kit.request(request, rnd)
         return request
 
     def send(self, weights: np.ndarray, task: str, *, sender: str = SERVER_ID, rnd: int = 1, index: int = 0) -> None:
         topic = self.t.frames(self.me) if sender == SERVER_ID else self.t.handoff(self.me, sender)
         kind: FrameKind = "model" if sender == SERVER_ID else "handoff"
-        self.kit._frames(
+        self.kit.send_frames(
             weights, topic, kind=kind, sender=sender, rnd=rnd, extra=FrameExtra(task, index=index, position=0)
         )
 
@@ -128,10 +125,10 @@ class _Checks:
         A chain member subscribes to its predecessor's hand-off topic when it handles
         the request (docs/protocol.md, "Hand-offs"); a predecessor publishes after."""
         since, t = len(self.kit.seen), time.time()
-        self.kit._request(Ping(t), 0)
+        self.kit.request(Ping(t), 0)
         pong = self.kit.wait_for(
             lambda i: next(
-                (m for m, _ in self.kit._messages(i, "results") if isinstance(m.body, Pong) and m.body.echo == t),
+                (m for m, _ in self.kit.messages(i, "results") if isinstance(m.body, Pong) and m.body.echo == t),
                 None,
             ),
             timeout,
@@ -142,9 +139,9 @@ class _Checks:
     # -- scenarios -----------------------------------------------------------------------
     def ping(self) -> None:
         since, t = len(self.kit.seen), time.time()
-        self.kit._request(Ping(t), 0)
+        self.kit.request(Ping(t), 0)
         pong = self.kit.wait_for(
-            lambda i: next((m for m, _ in self.kit._messages(i, "results") if isinstance(m.body, Pong)), None),
+            lambda i: next((m for m, _ in self.kit.messages(i, "results") if isinstance(m.body, Pong)), None),
             since=since,
         )
         self.kit.verdict(
@@ -154,7 +151,7 @@ class _Checks:
         )
 
     def parallel(self) -> tuple[TrainRequest, Output | None]:
-        since, task = len(self.kit.seen), self.kit._task("par")
+        since, task = len(self.kit.seen), self.kit.new_task("par")
         request = self.train(task)
         self.send(self.start, task)
         out = self.output(since, self.t.uploads(self.me), task, "result")
@@ -186,11 +183,11 @@ class _Checks:
 
     def _trains_from(self, codec: FrameCodec) -> str:
         """Why the device did not train from a start model sent in ``codec`` ("" if it did)."""
-        since, task = len(self.kit.seen), self.kit._task("f16" if codec == "fp16" else codec)
+        since, task = len(self.kit.seen), self.kit.new_task("f16" if codec == "fp16" else codec)
         self.train(task)
         extra = FrameExtra(task, index=0, position=0)
         payload = encode_float(self.start, codec)
-        self.kit._frames(payload, self.t.frames(self.me), sender=SERVER_ID, extra=extra, codec=codec)
+        self.kit.send_frames(payload, self.t.frames(self.me), sender=SERVER_ID, extra=extra, codec=codec)
         out = self.output(since, self.t.uploads(self.me), task, "result")
         res = self.result(since, task, TrainResult)
         self.note_gap(out, res)
@@ -203,14 +200,14 @@ class _Checks:
         """The same request again: the device must not train again. It may deliver the
         result it holds once more (a resumed coordinator relies on that): the same
         model and the same result message (same message id), never a new one."""
-        ids = {m.id for m, _ in self.kit._messages(0, "results") if getattr(m.body, "task_id", None) == request.task_id}
+        ids = {m.id for m, _ in self.kit.messages(0, "results") if getattr(m.body, "task_id", None) == request.task_id}
         since = len(self.kit.seen)
-        self.kit._request(request, 1)
+        self.kit.request(request, 1)
         self.send(self.start, request.task_id)
         again = self.output(since, self.t.uploads(self.me), request.task_id, "result", timeout=QUIET_S)
         new_results = [
             m
-            for m, _ in self.kit._messages(since, "results")
+            for m, _ in self.kit.messages(since, "results")
             if getattr(m.body, "task_id", None) == request.task_id and m.id not in ids
         ]
         same = again is None or (first is not None and np.array_equal(again[1], first[1]))
@@ -220,12 +217,12 @@ class _Checks:
         """A coordinator restarted (``--resume``): a new epoch in ``server/status``. The
         device registers again and delivers every result not yet acknowledged (the kit
         never acks), unchanged: the same output and the same result message."""
-        ids = {m.id for m, _ in self.kit._messages(0, "results") if getattr(m.body, "task_id", None) == request.task_id}
+        ids = {m.id for m, _ in self.kit.messages(0, "results") if getattr(m.body, "task_id", None) == request.task_id}
         since = len(self.kit.seen)
         self.kit.epoch_changed()
         again = self.output(since, self.t.uploads(self.me), request.task_id, "result")
         redelivered = [
-            m for m, _ in self.kit._messages(since, "results") if getattr(m.body, "task_id", None) == request.task_id
+            m for m, _ in self.kit.messages(since, "results") if getattr(m.body, "task_id", None) == request.task_id
         ]
         why = ""
         if first is None:
@@ -239,7 +236,7 @@ class _Checks:
         self.kit.verdict("held_result", not why, why)
 
     def shared(self) -> None:
-        since, task, key = len(self.kit.seen), self.kit._task("shr"), f"conf-{self.kit.epoch}-shared"
+        since, task, key = len(self.kit.seen), self.kit.new_task("shr"), f"conf-{self.kit.epoch}-shared"
         for i, frame in enumerate(
             encode_frames(
                 self.start,
@@ -251,17 +248,17 @@ class _Checks:
                 extra=FrameExtra(shared=key),
             )
         ):
-            self.kit._publish(self.t.shared_chunk(key, i), frame, retain=True)
+            self.kit.publish(self.t.shared_chunk(key, i), frame, retain=True)
         self.train(task, shared=(key,))
         out = self.output(since, self.t.uploads(self.me), task, "result")
         res = self.result(since, task, TrainResult)
         self.note_gap(out, res)
         for i in range(64):
-            self.kit._publish(self.t.shared_chunk(key, i), b"", retain=True)
+            self.kit.publish(self.t.shared_chunk(key, i), b"", retain=True)
         self.kit.verdict("train_shared", not self.trained(out), self.trained(out))
 
     def handoff(self) -> tuple[str, Output | None]:
-        since, task = len(self.kit.seen), self.kit._task("chn")
+        since, task = len(self.kit.seen), self.kit.new_task("chn")
         self.train(task, group=1, position=1, mode="chain", predecessor=PEER, next=DeviceHop(SINK, "sink-task"))
         self.handled()
         self.send(self.start, task, sender=PEER)
@@ -276,13 +273,13 @@ class _Checks:
 
     def resend(self, task: str, before: Output | None) -> None:
         since = len(self.kit.seen)
-        self.kit._request(ResendRequest(task, ManagerHop(1)), 1)
+        self.kit.request(ResendRequest(task, ManagerHop(1)), 1)
         out = self.output(since, self.t.uploads(self.me), task, "result")
         same = out is not None and before is not None and np.array_equal(out[1], before[1])
         self.kit.verdict("resend", same, "no resent output" if out is None else "the resent model differs")
 
     def relay(self) -> None:
-        since, task = len(self.kit.seen), self.kit._task("rly")
+        since, task = len(self.kit.seen), self.kit.new_task("rly")
         self.train(task, group=2, position=1, mode="chain", next=ManagerHop(2))
         self.send(self.start, task)
         out = self.output(since, self.t.uploads(self.me), task, "result")
@@ -291,8 +288,8 @@ class _Checks:
         self.kit.verdict("train_relay", not self.trained(out), self.trained(out))
 
     def pretrain(self) -> None:
-        since, task = len(self.kit.seen), self.kit._task("pre")
-        self.kit._request(PretrainRequest(task, 5, 5, 0.01, 1), 1)
+        since, task = len(self.kit.seen), self.kit.new_task("pre")
+        self.kit.request(PretrainRequest(task, 5, 5, 0.01, 1), 1)
         self.send(self.start, task)
         out = self.output(since, self.t.uploads(self.me), task, "update")
         res = self.result(since, task, PretrainResult)
@@ -308,8 +305,8 @@ class _Checks:
         self.kit.verdict("pretrain_reply", not why, why)
 
     def evaluate(self) -> None:
-        since, task = len(self.kit.seen), self.kit._task("evl")
-        self.kit._request(EvaluateRequest(task, 2, "test"), 1)
+        since, task = len(self.kit.seen), self.kit.new_task("evl")
+        self.kit.request(EvaluateRequest(task, 2, "test"), 1)
         self.send(self.start, task, index=0)
         self.send(self.start * 0.5, task, index=1)
         res = self.result(since, task, EvaluateResult)
@@ -318,7 +315,7 @@ class _Checks:
         self.kit.verdict("evaluate", ok, "no evaluate result" if res is None else f"rows {rows}")
 
     def corrupt(self) -> None:
-        since, task = len(self.kit.seen), self.kit._task("bad")
+        since, task = len(self.kit.seen), self.kit.new_task("bad")
         self.train(task)
         (frame,) = encode_frames(
             self.start,
@@ -330,7 +327,7 @@ class _Checks:
             extra=FrameExtra(task, position=0),
             max_chunk=10**9,
         )
-        self.kit._publish(self.t.frames(self.me), frame[:-4] + bytes(b ^ 0xFF for b in frame[-4:]))  # bits flipped
+        self.kit.publish(self.t.frames(self.me), frame[:-4] + bytes(b ^ 0xFF for b in frame[-4:]))  # bits flipped
         ignored = self.quiet(since, self.t.uploads(self.me), task, "result")
         self.send(self.start, task)
         later = self.output(since, self.t.uploads(self.me), task, "result")
@@ -341,7 +338,7 @@ class _Checks:
         )
 
     def wrong_predecessor(self) -> None:
-        since, task = len(self.kit.seen), self.kit._task("prd")
+        since, task = len(self.kit.seen), self.kit.new_task("prd")
         self.train(task, position=1, mode="chain", predecessor=PEER, next=DeviceHop(SINK, "sink-2"))
         self.handled()
         self.send(self.start, task, sender="conformance-intruder")
@@ -355,7 +352,7 @@ class _Checks:
         )
 
     def stale(self) -> None:
-        since, task = len(self.kit.seen), self.kit._task("old")
+        since, task = len(self.kit.seen), self.kit.new_task("old")
         self.train(task)
         self.send(self.start, task, rnd=7)
         ignored = self.quiet(since, self.t.uploads(self.me), task, "result")
@@ -368,7 +365,7 @@ class _Checks:
         )
 
 
-def check_platform(kit: ConformanceKit, train_results: list[TrainResult]) -> None:
+def check_platform(kit: ProbeSession, train_results: list[TrainResult]) -> None:
     """The board says what it is (docs/protocol.md, "What a board says about itself")."""
     registration = kit.registration
     problems = []
@@ -383,7 +380,7 @@ def check_platform(kit: ConformanceKit, train_results: list[TrainResult]) -> Non
     kit.verdict("platform", not problems, detail)
 
 
-def run_checks(kit: ConformanceKit) -> None:
+def run_checks(kit: ProbeSession) -> None:
     c = _Checks(kit)
     c.ping()
     request, first = c.parallel()
