@@ -46,6 +46,7 @@ def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str)
 
 
 # -- 1. a closed pipe ------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "reader", "unbuffered"),
     [
@@ -73,6 +74,7 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path, command: str, reader: str, u
 
 
 # -- usage mistakes argparse finds ---------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
@@ -87,6 +89,7 @@ def test_usage_mistakes_are_one_line(argv: list[str], needles: list[str]) -> Non
     assert_one_line_error(covey(*argv), *needles)
 
 
+@pytest.mark.slow
 def test_device_run_hands_every_flag_to_the_agent(tmp_path: Path) -> None:
     missing = tmp_path / "train.npz"
     proc = covey("device", "run", "--broker", "127.0.0.1:1", "--run", "r", "--data", str(missing))
@@ -95,6 +98,7 @@ def test_device_run_hands_every_flag_to_the_agent(tmp_path: Path) -> None:
 
 
 # -- 2. and 3. demo settings ------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
@@ -112,6 +116,7 @@ def test_demo_refuses_bad_settings_before_it_starts(tmp_path: Path, argv: list[s
     assert not out.exists()  # no broker, no agents, no output folder
 
 
+@pytest.mark.slow
 def test_demo_refuses_a_data_dir_without_enough_test_writers(tmp_path: Path) -> None:
     data = tmp_path / "leaf"
     (data / "train").mkdir(parents=True)
@@ -129,6 +134,7 @@ def test_demo_refuses_a_data_dir_without_enough_test_writers(tmp_path: Path) -> 
 
 
 # -- 4. compare --seeds ---------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("seeds", "needles"),
     [

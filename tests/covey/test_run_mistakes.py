@@ -9,6 +9,7 @@ import pytest
 from tests.covey.test_cli_mistakes import assert_one_line_error, covey
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
@@ -40,12 +41,14 @@ def test_compare_with_no_strategies_overwrites_nothing(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["comparison.md"]
 
 
+@pytest.mark.slow
 def test_compare_rejects_an_unknown_strategy_before_running_the_others(tmp_path: Path) -> None:
     proc = covey("compare", "--strategies", "fedavg,nope", "--rounds", "1", "--out", str(tmp_path / "out"))
     assert_one_line_error(proc, "unknown strategy 'nope'")
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [

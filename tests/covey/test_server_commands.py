@@ -67,6 +67,7 @@ def test_explicit_flags_give_the_same_settings(site_parent: Path) -> None:
     assert conn.tls is not None and conn.tls.ca_certs == str(folder / "ca.crt")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
@@ -87,6 +88,7 @@ def test_connection_mistakes(tmp_path: Path, argv: list[str], needles: list[str]
     assert not state.exists()
 
 
+@pytest.mark.slow
 def test_a_site_without_the_coordinators_password_is_named(site_parent: Path, tmp_path: Path) -> None:
     site = init(site_parent / "site", "d1")
     (site.layout.coordinator_dir / "password").unlink()
@@ -159,6 +161,7 @@ def test_unreadable_password_file(tmp_path: Path) -> None:  # pragma: no cover -
     assert_one_line_error(proc, str(pw), "cannot be read")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "list_text", "needles"),
     [
@@ -197,6 +200,7 @@ def test_a_site_admits_its_provisioned_devices_unless_a_list_is_given(site_paren
     assert connection().allowed_devices is None  # an open run on a broker this command starts
 
 
+@pytest.mark.slow
 def test_covey_links_prints_a_runs_matrices_and_says_what_is_wrong_otherwise(tmp_path: Path) -> None:
     import json
 

@@ -250,6 +250,7 @@ def test_config_broker_is_checked(
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_the_config_file_names_itself_in_a_subprocess(tmp_path: Path, data: Path) -> None:
     config = _config(tmp_path, data, 'threads = "four"')
     proc = agent_cli("--config", str(config))
@@ -307,6 +308,7 @@ def test_missing_test_file_in_the_config(tmp_path: Path, data: Path, capsys: pyt
     assert str(config) in line
 
 
+@pytest.mark.slow
 def test_bad_broker_and_missing_data_in_a_subprocess(tmp_path: Path, data: Path) -> None:
     state = str(tmp_path / "state")
     proc = agent_cli("--broker", "localhost", "--run", "r", "--data", str(data), "--state-dir", state)
@@ -335,12 +337,14 @@ def _tls_argv(tmp_path: Path, data: Path, *tls: str) -> list[str]:
     return ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(data), "--state-dir", state, *tls]
 
 
+@pytest.mark.slow
 def test_missing_ca_file_is_named(tmp_path: Path, data: Path) -> None:
     proc = agent_cli(*_tls_argv(tmp_path, data, "--ca-certs", "/nope.crt"))
     assert_one_line_error(proc.returncode, proc.stdout, proc.stderr, "--ca-certs", "/nope.crt", "does not exist")
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_garbage_ca_file_is_named(tmp_path: Path, data: Path) -> None:
     garbage = tmp_path / "garbage.crt"
     garbage.write_text("not a certificate\n")
@@ -393,6 +397,7 @@ def test_a_library_link_gets_the_same_error(tmp_path: Path) -> None:
         MqttLink("lib", "127.0.0.1", 1, tls=TlsFiles(ca_certs=str(garbage)))
 
 
+@pytest.mark.slow
 def test_a_leaf_file_of_several_writers_names_the_setting_and_the_writers(capsys: pytest.CaptureFixture[str]) -> None:
     # Prepare: a file of the shared FEMNIST sample (5 writers), as a newcomer copies one to a board
     from covey.paths import femnist_dir

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from device.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +27,7 @@ def test_measure_link_on_a_machine_without_wifi_says_not_available(capsys) -> No
     assert "RTT and goodput" in out
 
 
+@pytest.mark.slow
 def test_the_script_runs_the_installed_agent(tmp_path: Path) -> None:
     # Prepare: an install prefix whose venv holds covey-device (this interpreter's)
     bin_dir = tmp_path / "prefix" / "venv" / "bin"

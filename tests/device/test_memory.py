@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 # Runs in a fresh interpreter: the threshold is a process-wide setting, and the test
@@ -76,6 +78,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
+@pytest.mark.slow
 def test_the_simulator_s_interpreters_leave_freed_models_for_reuse(zoo_model: Any) -> None:
     """``release_memory=False`` (the simulator's interpreters) leaves glibc's threshold
     dynamic: a freed model-sized block is reused by the next one instead of being

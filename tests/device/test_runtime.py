@@ -22,6 +22,7 @@ def _subset(x: np.ndarray, y: np.ndarray, n_classes: int) -> tuple[np.ndarray, n
     return x[keep], y[keep]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "lr", "steps", "min_accuracy"),
     [
@@ -90,6 +91,7 @@ def test_training_is_deterministic_for_a_seed(zoo_model) -> None:
     assert not np.array_equal(wa, wc)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mclr_synthetic", "mlp_femnist", "cnn_femnist"])
 def test_set_weights_of_get_weights_is_exact(zoo_model, name: str) -> None:
     model = TFLiteModel(zoo_model(name))
@@ -103,6 +105,7 @@ def test_set_weights_of_get_weights_is_exact(zoo_model, name: str) -> None:
     np.testing.assert_array_equal(model.get_weights(), w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mlp_mnist", "cnn_femnist"])
 def test_per_tensor_reads_and_writes_agree_with_the_flat_signatures(zoo_model, name: str) -> None:
     """The runtime moves weights through get_tensors/set_tensors (less memory); the
@@ -185,6 +188,7 @@ def test_copy_out_copies_exactly_and_gives_back_the_source_pages_chunk_by_chunk(
     assert np.count_nonzero(src) <= edge
 
 
+@pytest.mark.slow
 def test_priming_the_fold_in_arena_leaves_training_unchanged(zoo_model) -> None:
     """Allocating flush's tensors before the first deferred step computes nothing: the
     trained weights are bit for bit those of training without it."""
@@ -204,6 +208,7 @@ def test_priming_the_fold_in_arena_leaves_training_unchanged(zoo_model) -> None:
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["mclr_synthetic", "cnn_femnist"])
 def test_training_into_the_start_buffer_gives_the_same_weights_in_that_buffer(zoo_model, name: str) -> None:
     """``reuse_start``: the result takes the start's buffer (one model less at the peak)

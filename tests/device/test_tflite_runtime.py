@@ -111,6 +111,7 @@ print(json.dumps({"rel": float(np.linalg.norm(chunked.weights - whole.weights) /
 """
 
 
+@pytest.mark.slow
 @pytest.mark.tflite_runtime
 def test_accumulated_training_runs_under_tflite_runtime(zoo_model, tmp_path: Path) -> None:
     """The MNIST CNN's device artifact at batch 32 trains through accumulate and

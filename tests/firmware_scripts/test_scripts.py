@@ -54,6 +54,7 @@ def site(folder: Path) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_provision_with_systemd_installs_the_bundle_and_the_unit(
     site_parent: Path, tmp_path: Path, systemctl: Path
 ) -> None:
@@ -115,6 +116,7 @@ def test_provision_mistakes_are_one_line_and_install_nothing(
     assert not prefix.exists()
 
 
+@pytest.mark.slow
 def test_broker_setup_without_systemd_makes_the_site_and_says_how_to_run_it(site_parent: Path) -> None:
     proc = run(
         "broker-setup.sh", str(site_parent / "site"), "--ip", "10.0.0.1", "--devices", "pi-1", COVEY_SYSTEMD="no"
@@ -124,6 +126,7 @@ def test_broker_setup_without_systemd_makes_the_site_and_says_how_to_run_it(site
     assert f"broker run --site {site_parent / 'site'}" in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the systemd path runs covey site init as root; sudo would ask")
 def test_broker_setup_with_systemd_installs_the_config_for_the_service(
     site_parent: Path, tmp_path: Path, systemctl: Path
@@ -203,6 +206,7 @@ def test_install_help_says_what_each_board_gets() -> None:
         assert words in proc.stdout, proc.stdout
 
 
+@pytest.mark.slow
 def test_provision_with_a_prefix_and_a_writer_of_a_leaf_file(site_parent: Path, tmp_path: Path) -> None:
     # Prepare: the shared FEMNIST sample's first file (5 writers), a relative prefix
     from covey.paths import femnist_dir

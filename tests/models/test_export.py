@@ -55,6 +55,7 @@ def test_zoo_model_is_builtin_only_and_manifest_describes_it(zoo_model, name: st
     }
 
 
+@pytest.mark.slow
 def test_flex_detector_catches_a_gradienttape_train_step() -> None:
     """The usual TFLite training recipe needs Flex ops; the detector must see them,
     and a builtins-only conversion of it must fail."""

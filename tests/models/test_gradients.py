@@ -49,6 +49,7 @@ def _per_tensor_relative_error(model: TFLiteModel, got: np.ndarray, want: np.nda
     return errors
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_backward_pass_matches_gradient_tape(zoo_model, name: str) -> None:
     # Prepare: weights moved away from the init so biases are non-zero
@@ -98,6 +99,7 @@ def test_fedprox_step_adds_the_proximal_gradient(zoo_model) -> None:
     np.testing.assert_allclose(model.get_weights(), w1 - 0.1 * (g + 0.5 * (w1 - w0)), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "rank", "batch", "n"), [("cnn_femnist", 128, 5, 150), ("mlp_femnist", 40, 10, 200)])
 def test_deferred_updates_train_exactly_like_plain_sgd(zoo_model, name: str, rank: int, batch: int, n: int) -> None:
     """cnn_femnist defers its 3136x2048 kernel's updates as low-rank factors, and
@@ -142,6 +144,7 @@ def test_batches_of_more_than_half_the_pending_rows_train_plainly(zoo_model) -> 
             np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.slow
 def test_after_a_flush_every_signature_agrees_with_plain_sgd(zoo_model) -> None:
     """Pending rows live only until ``flush``; after it get_weights, evaluate and
     gradients see exactly the plain-SGD weights."""
@@ -194,6 +197,7 @@ def _write_flush(model: TFLiteModel, w: np.ndarray, x: np.ndarray, y: np.ndarray
     model._runner("flush")()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "write", [_write_set_weights, _write_set_tensors, _write_train, _write_train_prox, _write_flush]
 )

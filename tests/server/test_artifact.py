@@ -21,6 +21,7 @@ def _device_copy(model_path: Path, tmp_path: Path) -> TFLiteModel:
 
 # cnn_mnist at batch 20 accumulates its gradient over two chunks; its gradient sums
 # start from zero constants that the converter shares with the zero biases
+@pytest.mark.slow
 @pytest.mark.parametrize(("name", "batch"), [("cnn_femnist", 5), ("mlp_mnist", 5), ("cnn_mnist", 20)])
 def test_device_artifact_trains_exactly_like_the_model(zoo_model, tmp_path: Path, name: str, batch: int) -> None:
     # Prepare
@@ -45,6 +46,7 @@ def test_device_artifact_trains_exactly_like_the_model(zoo_model, tmp_path: Path
     assert device.evaluate(x, y) == full.evaluate(x, y)
 
 
+@pytest.mark.slow
 def test_device_artifact_is_small_builtin_only_and_says_it_has_no_weights(zoo_model, tmp_path: Path) -> None:
     path = zoo_model("cnn_femnist")
     original = path.read_bytes()

@@ -83,6 +83,7 @@ def test_every_seed_input_decodes() -> None:
             target.decode(data)
 
 
+@pytest.mark.slow
 def test_decoders_survive_thousands_of_generated_and_mutated_inputs() -> None:
     # Execute
     report = run_fuzz(3000, random_state=7, generated_fraction=0.1)

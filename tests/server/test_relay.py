@@ -84,6 +84,7 @@ def _closed(s: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_an_outage_cuts_and_refuses_connections_then_ends(echo_server) -> None:
     relay = _relay(echo_server, Impairment())
     try:

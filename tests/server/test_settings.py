@@ -53,6 +53,7 @@ def test_strategy_parameters_say_whether_a_default_is_the_papers() -> None:
     assert settings["strategy.icg_iterations"].source is Source.DEFAULT
 
 
+@pytest.mark.slow
 def test_simulate_trains_fedgsp_at_its_papers_batch_and_records_the_source(tmp_path: Path, trained_with) -> None:
     # Execute: no --batch, --epochs or --lr
     code = main(
@@ -82,6 +83,7 @@ def test_simulate_trains_fedgsp_at_its_papers_batch_and_records_the_source(tmp_p
     assert settings["rounds"]["source"] == "flag"
 
 
+@pytest.mark.slow
 def test_a_flag_overrides_the_papers_value(tmp_path: Path, trained_with) -> None:
     args = ["simulate", "--strategy", "fedgsp", "--data", "users=12", "--rounds", "1", "--batch", "8"]
     assert main([*args, "--set", "kappa=1.0", "--out", str(tmp_path)]) == 0
@@ -90,6 +92,7 @@ def test_a_flag_overrides_the_papers_value(tmp_path: Path, trained_with) -> None
     assert settings["train.batch"]["source"] == "flag"
 
 
+@pytest.mark.slow
 def test_the_flexcfl_preset_trains_ten_epochs(tmp_path: Path, trained_with, capsys) -> None:
     # Execute: the preset, made small by flags (which override it)
     code = main(
@@ -123,6 +126,7 @@ def test_the_flexcfl_preset_trains_ten_epochs(tmp_path: Path, trained_with, caps
     assert "the paper reports 85.6 %" in out
 
 
+@pytest.mark.slow
 def test_a_config_file_overrides_the_preset_and_a_flag_the_file(tmp_path: Path, trained_with) -> None:
     config = tmp_path / "run.toml"
     config.write_text("[train]\nepochs = 2\nbatch = 4\n[dataset]\nusers = 20\n")

@@ -132,6 +132,7 @@ def test_as_root_the_broker_files_are_readable_by_the_mosquitto_group_only(site_
         assert stat.S_IMODE(secret.stat().st_mode) == 0o600, secret
 
 
+@pytest.mark.slow
 @ROOT_ONLY
 def test_as_root_through_sudo_the_bundles_belong_to_the_sudo_user(site_parent: Path) -> None:
     # Execute: sudo sets SUDO_UID/SUDO_GID
@@ -157,6 +158,7 @@ def test_as_root_a_folder_mosquitto_cannot_enter_is_refused() -> None:
         private.rmdir()
 
 
+@pytest.mark.slow
 def test_add_device_adds_a_password_an_acl_entry_and_a_bundle(site_parent: Path) -> None:
     # Prepare
     site = init(site_parent / "site", "d1")
@@ -196,12 +198,14 @@ def test_add_device_adds_a_password_an_acl_entry_and_a_bundle(site_parent: Path)
         (["--ip", "10.0.0.1", "--devices", "a", "--run", "a/b"], ["--run", "'a/b'"]),
     ],
 )
+@pytest.mark.slow
 def test_init_mistakes(site_parent: Path, argv: list[str], needles: list[str]) -> None:
     proc = covey("site", "init", str(site_parent / "site"), *argv)
     assert_one_line_error(proc, *needles)
     assert list(site_parent.iterdir()) == []  # no site, no half-written folder beside it
 
 
+@pytest.mark.slow
 def test_an_existing_site_is_not_replaced_without_force(site_parent: Path) -> None:
     # Prepare
     site = init(site_parent / "site", "d1")
@@ -237,6 +241,7 @@ def test_add_device_mistakes(site_parent: Path, args: list[str], needles: list[s
     assert snapshot(site.layout.root) == before
 
 
+@pytest.mark.slow
 def test_commands_on_a_folder_that_is_not_a_site(site_parent: Path) -> None:
     for argv in (["site", "add-device", str(site_parent), "d1"], ["broker", "run", "--site", str(site_parent)]):
         assert_one_line_error(covey(*argv), str(site_parent), "not a covey site", "covey site init")

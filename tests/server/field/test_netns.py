@@ -86,6 +86,7 @@ finally:
 """
 
 
+@pytest.mark.slow
 def test_a_second_interrupt_during_cleanup_still_removes_the_lab(tmp_path) -> None:
     # Prepare: a lab whose cleanup takes a while (a process that ignores SIGTERM)
     log = tmp_path / "stubborn.log"

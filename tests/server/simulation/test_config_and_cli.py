@@ -144,6 +144,7 @@ def test_simulate_command_writes_results_and_a_plot(tmp_path, capsys) -> None:
     assert f"fp32 models: {sent:.2f} MB sent per round ({radio:.2f} MB on the devices' links)" in out, out
 
 
+@pytest.mark.slow
 def test_federated_evaluation_every_n_rounds_and_after_the_last(tmp_path) -> None:
     """``--federated-eval-every 2`` scores the clients in rounds 2 and 4 and after the
     last (5); the other rounds record no accuracy, and the plot and summary use the rest.
@@ -178,6 +179,7 @@ def test_a_run_that_scores_no_round_says_so_and_compare_refuses_it(tmp_path, cap
     assert code == 2 and "federated_eval_every must be 1 or more" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_compare_command_writes_a_table(tmp_path) -> None:
     code = main(
         [
@@ -204,6 +206,7 @@ def test_compare_command_writes_a_table(tmp_path) -> None:
     assert (tmp_path / "comparison.png").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -247,6 +250,7 @@ def test_strategies_command_lists_each_strategys_set_parameters(capsys) -> None:
     assert "kappa" in listed
 
 
+@pytest.mark.slow
 def test_simulate_with_a_topology_stores_its_links_and_modelled_time(tmp_path, capsys) -> None:
     from tests.covey.test_cli_mistakes import assert_one_line_error, covey
 
@@ -266,6 +270,7 @@ def test_simulate_with_a_topology_stores_its_links_and_modelled_time(tmp_path, c
     )
 
 
+@pytest.mark.slow
 def test_the_worker_kind_comes_from_the_flag_and_is_recorded(tmp_path) -> None:
     """``--workers 2 --worker-kind process`` runs on forked processes and the results
     JSON says so; the flag's models are those of the default threads."""

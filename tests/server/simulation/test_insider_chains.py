@@ -57,6 +57,7 @@ def _run(femnist, faults: Faults | None, chains: int = 1, screening=DEFAULT_SCRE
     return sim.run(ROUNDS), strategy.global_weights
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", [100.0, float("nan"), 1e30])
 def test_a_bad_hand_off_costs_only_its_member(femnist, scale: float) -> None:
     # Execute
@@ -74,6 +75,7 @@ def test_a_bad_hand_off_costs_only_its_member(femnist, scale: float) -> None:
     assert all(r.trained == 7 and not r.rejected for r in clean)
 
 
+@pytest.mark.slow
 def test_with_screening_off_the_guard_still_refuses_a_x1e30_hand_off(femnist) -> None:
     # Execute: screening off; the server's own update is the guard's scale from round 1
     attacked, weights = _run(femnist, Faults(scale={INSIDER: 1e30}), screening=None)

@@ -159,6 +159,7 @@ def _board_round(
     return manager.final, resends, wire
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("codec", ["fp16", "int8"])
 def test_every_pattern_of_silent_members_gives_the_coordinators_models(zoo_model, codec: WireCodec) -> None:
     # Prepare: four devices, one of them a poisoner

@@ -45,6 +45,7 @@ def _run(name: str, writers: Federation, model: Any, workers: int, kind: WorkerK
 _ONE_WORKER: dict[str, Any] = {}  # strategy -> the one-worker run, shared by both kinds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", WORKER_KINDS)
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_two_workers_give_bit_identical_results_to_one(
@@ -63,6 +64,7 @@ def test_two_workers_give_bit_identical_results_to_one(
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["all", "part"])
 def test_thread_workers_see_a_distribution_shift_as_one_worker_does(mode: str, writers: Federation, zoo_model) -> None:
     """Thread workers read the federation the shift changes in place (processes are

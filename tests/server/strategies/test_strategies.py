@@ -41,6 +41,7 @@ def test_every_registered_strategy_has_test_settings() -> None:
     assert sorted(SETTINGS) == strategy_names()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_strategy_trains_and_improves_accuracy(model, name: str) -> None:
     # Prepare
@@ -74,6 +75,7 @@ def test_fedgsp_chains_train_each_sampled_client_once_in_growing_groups(model) -
     assert sizes == [2, 4, 6]  # f(r) = 2 floor(r - 1 + 1)
 
 
+@pytest.mark.slow
 def test_clustered_strategies_score_clients_with_their_group_model(model) -> None:
     fed = synthetic(1, 1, 30, seed=3)
     strategy = make_strategy("fedgroup", train=TRAIN, **SETTINGS["fedgroup"])
@@ -94,6 +96,7 @@ def test_flexcfl_migrates_clients_under_distribution_shift(model) -> None:
     assert strategy.migrations > 0
 
 
+@pytest.mark.slow
 def test_simulation_is_deterministic_and_independent_of_workers(model) -> None:
     def run(workers: int) -> list[float]:
         fed = synthetic(1, 1, 20, seed=5)
