@@ -245,7 +245,7 @@ class _SignatureCall:
     skipping it changes nothing on any backend. It also saves time: a FEMNIST MLP
     ``train`` step spends about 600 µs in ``Invoke`` and this wrapper takes a few
     microseconds of the runner's 34 µs around it; that time holds the GIL, which the
-    simulator's worker threads share (docs/results.md, "Simulation speed, fifth pass").
+    simulator's worker threads share (docs/results.md as of f31dc1f, "Simulation speed, fifth pass").
     """
 
     def __init__(
@@ -337,8 +337,8 @@ class TFLiteModel:
         The simulator's interpreters, which load a model for every virtual device's
         task, pass ``False``: every model-sized array would be fresh pages that fault
         in (a FedAvg round on the FEMNIST MLP: 98 → 86 ms without it), and every load
-        would fault the released buffers back in (0.9 ms of a 9 ms client; docs/results.md,
-        "Simulation speed, fourth pass"). The weights and results are the same either way.
+        would fault the released buffers back in (0.9 ms of a 9 ms client; docs/results.md as
+        of f31dc1f, "Simulation speed, fourth pass"). The weights and results are the same either way.
     """
 
     def __init__(

@@ -178,13 +178,13 @@ def update_norm(start: np.ndarray, model: np.ndarray) -> float:
     The float64 difference is made chunk by chunk into one buffer that stays in the
     caches: a whole one (3.5 MB for the FEMNIST MLP) went out to memory and back and
     took 1.4 ms per update, about a sixth of a simulated client's training
-    (docs/results.md, "Simulation speed, fourth pass"); chunked, 0.6 ms.
+    (docs/results.md as of f31dc1f, "Simulation speed, fourth pass"); chunked, 0.6 ms.
 
     The sum of squares is ``einsum``'s own loop, not BLAS's ``dot``: OpenBLAS runs a
     long dot product on threads that then spin for a while, and in the simulator those
     spinning threads took the cores from the interpreter and the worker processes
-    (a FedAvg round on two workers was no faster than on one; docs/results.md,
-    "Simulation speed, third pass").
+    (a FedAvg round on two workers was no faster than on one; docs/results.md as of
+    f31dc1f, "Simulation speed, third pass").
 
     Parameters
     ----------

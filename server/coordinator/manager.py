@@ -46,7 +46,7 @@ member's error feedback), never a re-quantised downlink error. A *direct* hand-o
 goes device to device in the downlink codec (``fp16``): the two devices hold no common
 model a delta could name. Why relay rather than the brief's deltas against a common
 start model sent to every member: that start model costs every member a download too,
-and measured in bytes it saves less (docs/results.md, "Int8 chain hand-offs").
+and measured in bytes it saves less (docs/results.md, "Wire codecs").
 """
 
 from __future__ import annotations
