@@ -50,7 +50,7 @@ def main() -> int:
     args = parser.parse_args()
 
     from server.broker import start_mosquitto
-    from server.equivalence import run_both
+    from server.lab.equivalence import run_both
     from server.paths import ensure_model, femnist_dir
 
     model = ensure_model(args.model)

@@ -39,7 +39,7 @@ def main() -> int:
     parser.add_argument("--model", default="mlp_femnist")
     args = parser.parse_args()
 
-    from server.faults import FAULTS, run_with_fault
+    from server.lab.process_faults import FAULTS, run_with_fault
     from server.paths import ensure_model, femnist_dir
 
     model, root = ensure_model(args.model), femnist_dir()

@@ -1,6 +1,6 @@
 """Fuzz every decoder of untrusted input with generated and mutated inputs.
 
-Decoders (``server/fuzzing/targets.py``): model frames and their reassembly, control
+Decoders (``server/lab/fuzzing/targets.py``): model frames and their reassembly, control
 messages of every type, model manifests, device config files (``covey-device
 --config``) and simulation config files (``covey simulate --config``). Inputs are
 drawn by hypothesis from valid templates with fields swapped for arbitrary values,
@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-from server.fuzzing import run_fuzz  # noqa: E402
+from server.lab.fuzzing import run_fuzz  # noqa: E402
 
 
 def main() -> int:

@@ -73,7 +73,7 @@ def on_mqtt(args: argparse.Namespace) -> int:
     from covey.paths import ensure_model, femnist_dir
     from device.data import Dataset, read_leaf
     from server.broker import start_mosquitto
-    from server.poisoning import on_boards
+    from server.lab.poisoning import on_boards
 
     root = femnist_dir()
     test = read_leaf(root / "test")

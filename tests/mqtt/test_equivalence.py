@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.equivalence import run_both
 from server.fleet import REPO
+from server.lab.equivalence import run_both
 from server.rounds import RoundRecord
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from server.hops import HOP_REASON
-from server.poisoning import POISONER, on_boards
+from server.lab.poisoning import POISONER, on_boards
 from server.screening import ScreeningConfig
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.faults import FaultRun, run_with_fault
+from server.lab.process_faults import FaultRun, run_with_fault
 from tests.mqtt.conftest import femnist_root
 
 pytestmark = [pytest.mark.broker, pytest.mark.slow]

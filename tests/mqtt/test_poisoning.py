@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from server.poisoning import POISONER, on_boards, simulate
+from server.lab.poisoning import POISONER, on_boards, simulate
 from server.screening import ScreeningConfig
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

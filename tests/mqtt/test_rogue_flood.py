@@ -23,8 +23,8 @@ from device.mqtt import MqttLink
 from device.protocol import MAGIC, FrameExtra, Topics, decode_message, encode_frames, parse_frame
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
-from server.fuzzing.mutate import mutate_bytes
-from server.fuzzing.targets import all_targets
+from server.lab.fuzzing.mutate import mutate_bytes
+from server.lab.fuzzing.targets import all_targets
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 from tests.mqtt.conftest import femnist_root

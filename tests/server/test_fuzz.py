@@ -13,12 +13,12 @@ import pytest
 
 from device.errors import CoveyError
 from device.protocol import MAGIC, Message, Pong, TrainResult
-from server.fuzzing import all_targets, run_fuzz
-from server.fuzzing.targets import N_PARAMS, pack_frame, split_frame
+from server.lab.fuzzing import all_targets, run_fuzz
+from server.lab.fuzzing.targets import N_PARAMS, pack_frame, split_frame
 
 
 def _frame_header(**change: object) -> bytes:
-    from server.fuzzing.targets import _frame_target
+    from server.lab.fuzzing.targets import _frame_target
 
     seed = _frame_target().seeds[0]
     parts = split_frame(seed)
@@ -35,7 +35,7 @@ def _message(body: object, **change: object) -> bytes:
 
 
 def _manifest(**change: object) -> bytes:
-    from server.fuzzing.targets import manifest_templates
+    from server.lab.fuzzing.targets import manifest_templates
 
     return json.dumps({**manifest_templates()[1], **change}).encode()
 

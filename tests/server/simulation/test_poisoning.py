@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from server.poisoning import POISONER, simulate
+from server.lab.poisoning import POISONER, simulate
 from server.screening import ScreeningConfig
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

@@ -62,7 +62,7 @@ from device.protocol import (
     parse_frame,
     payload_key,
 )
-from server.fuzzing.mutate import dumps_json, dumps_toml, mutate_tree
+from server.lab.fuzzing.mutate import dumps_json, dumps_toml, mutate_tree
 
 N_PARAMS = 8  # the fuzzed frames' "model" size
 REPO = Path(__file__).resolve().parents[2]
@@ -271,7 +271,7 @@ def _manifest_target() -> Target:
 
 # -- configuration files --------------------------------------------------------------------------
 def _toml_structured(templates: list[Any]) -> StructuredMutator:
-    from server.fuzzing.mutate import dumps_toml
+    from server.lab.fuzzing.mutate import dumps_toml
 
     def structured(data: bytes, rng: np.random.Generator) -> bytes:
         import tomllib

@@ -1,13 +1,13 @@
 """Fuzzing covey's decoders of untrusted input: generated and mutated inputs.
 
-Two sources of input per target (:mod:`server.fuzzing.targets`):
+Two sources of input per target (:mod:`server.lab.fuzzing.targets`):
 
 * *generated*: hypothesis draws documents from each target's valid templates, every
   field kept, replaced by an arbitrary JSON value, dropped, or joined by unknown
   fields (:func:`perturbed`); a share of raw binary is mixed in;
 * *mutated*: a valid encoding (a seed, or an earlier mutant) after byte-level
   mutations, or after structure-level ones on its parsed JSON/TOML tree
-  (:mod:`server.fuzzing.mutate`).
+  (:mod:`server.lab.fuzzing.mutate`).
 
 An exception that is not covey's own :class:`~device.errors.CoveyError` is a crash.
 :func:`run_fuzz` returns the counts and the first crashes with the input and the
@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from device.errors import CoveyError
-from server.fuzzing.mutate import mutate_bytes
-from server.fuzzing.targets import Target, all_targets
+from server.lab.fuzzing.mutate import mutate_bytes
+from server.lab.fuzzing.targets import Target, all_targets
 
 _ROOT = str(Path(__file__).resolve().parents[2])
 __all__ = ["Crash", "FuzzReport", "Target", "all_targets", "run_fuzz"]
@@ -110,7 +110,7 @@ def perturbed(template: Any) -> Any:
     inside containers), replaced by any JSON value, or dropped, and unknown fields added."""
     from hypothesis import strategies as st
 
-    from server.fuzzing.mutate import INTERESTING_INTS
+    from server.lab.fuzzing.mutate import INTERESTING_INTS
 
     leaves = (
         st.none()
