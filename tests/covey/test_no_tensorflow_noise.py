@@ -12,11 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 # What TensorFlow 2.x writes to stderr on import (absl's pre-init notice, oneDNN, CPU
 # features); the XNNPACK line of the LiteRT interpreter is not TensorFlow's.
 TF_BANNERS = ("absl::InitializeLog", "oneDNN custom operations", "cpu_feature_guard", "TensorFlow binary is optimized")
+
+SIMULATE = ["simulate", "--strategy", "fedavg", "--dataset", "synthetic", "--data", "users=10", "--rounds", "2"]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -60,3 +64,19 @@ def test_model_list_prints_the_table_without_tensorflow() -> None:
     rows = {line.split()[0]: line.split()[1] for line in proc.stdout.splitlines()[1:]}
     assert rows == {name: f"{arch.n_params:,}" for name, arch in ZOO.items()}
     assert not _tensorflow_loaded_after(["model", "list"], _env())
+
+
+@pytest.mark.slow
+def test_simulate_builds_a_model_quietly_and_then_runs_without_tensorflow(tmp_path: Path) -> None:
+    # Prepare: an empty model cache, so the first run builds its model with TensorFlow
+    env = _env(COVEY_CACHE_DIR=str(tmp_path / "cache"))
+
+    # Execute: the first run builds mclr_synthetic, the second finds it cached
+    first = _run([sys.executable, "-m", "covey", *SIMULATE, "--out", str(tmp_path / "first")], env)
+    imported = _tensorflow_loaded_after([*SIMULATE, "--out", str(tmp_path / "second")], env)
+
+    # Assert
+    assert first.returncode == 0, first.stderr
+    assert not _banners(first.stderr), first.stderr
+    assert list((tmp_path / "cache" / "zoo").glob("*/mclr_synthetic.tflite"))
+    assert not imported
