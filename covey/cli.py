@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from covey import field_commands, server_commands, simulation_commands, site_commands
+from covey.logs import setup_logging
 from covey.simulation_commands import parse_seeds
 from device.errors import CoveyError
 
@@ -184,10 +184,7 @@ def _main(argv: Sequence[str] | None) -> int:
         return device_main(rest[2:] + (["-v"] if verbose else []))
     parser = build_parser()
     args = _parse_args(parser, argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.verbose)  # records go through tqdm, so none lands on a progress bar's line
     try:
         return int(args.func(args))
     except CoveyError as exc:
