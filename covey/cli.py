@@ -5,16 +5,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from covey import field_commands, server_commands, simulation_commands, site_commands
+from covey.logs import setup_logging
 from covey.simulation_commands import parse_seeds
 from device.errors import CoveyError
 
 __all__ = ["build_parser", "main", "parse_seeds"]
+
+DEVICE_RUN = "covey device run"  # the agent's name in its error lines when covey starts it
 
 
 def _cmd_model_list(args: argparse.Namespace) -> int:
@@ -87,7 +89,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_device_run(args: argparse.Namespace) -> int:
     from device.cli import main as device_main
 
-    return device_main(args.device_args)
+    return device_main(args.device_args, prog=DEVICE_RUN)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,7 +147,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = device_sub.add_parser("run", help="run the agent; options as for covey-device", add_help=False)
     p.add_argument("device_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_device_run)
+    _name_commands(parser)
     return parser
+
+
+def _name_commands(parser: argparse.ArgumentParser) -> None:
+    """Set ``command_name`` (``covey server run``) in the namespace of every command.
+
+    Every mistake a user can fix is one line on stderr that starts with the command's
+    full name, ``covey server run: error: ...``, and the command exits with status 2:
+    argparse's own errors name the subcommand that way, and so do the errors raised
+    while a command runs (:func:`_main`). A subcommand's default overrides its parent's.
+    """
+    parser.set_defaults(command_name=parser.prog)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _name_commands(sub)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,23 +199,21 @@ def _main(argv: Sequence[str] | None) -> int:
         # `covey device run --data x` never reached the agent: hand it over as is.
         from device.cli import main as device_main
 
-        return device_main(rest[2:] + (["-v"] if verbose else []))
+        return device_main(rest[2:] + (["-v"] if verbose else []), prog=DEVICE_RUN)
     parser = build_parser()
     args = _parse_args(parser, argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_logging(args.verbose)  # records go through tqdm, so none lands on a progress bar's line
+    name = args.command_name  # e.g. "covey server run": every line below starts with it
     try:
         return int(args.func(args))
     except CoveyError as exc:
-        print(f"covey: error: {exc}", file=sys.stderr)
+        print(f"{name}: error: {exc}", file=sys.stderr)
         return 2
     except KeyError as exc:  # unknown zoo name
-        print(f"covey: error: {exc.args[0]}", file=sys.stderr)
+        print(f"{name}: error: {exc.args[0]}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("covey: interrupted", file=sys.stderr)
+        print(f"{name}: interrupted", file=sys.stderr)
         return 130
 
 

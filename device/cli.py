@@ -105,8 +105,10 @@ def parse_broker(text: str) -> tuple[str, int]:
     return address
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = OneLineErrorParser(prog="covey-device", description="Run a covey device agent.")
+def build_parser(prog: str = "covey-device") -> argparse.ArgumentParser:
+    """The agent's flags; ``prog`` names it in help and error lines (``covey device run``
+    when the ``covey`` command starts it)."""
+    p = OneLineErrorParser(prog=prog, description="Run a covey device agent.")
     p.add_argument("--config", help="TOML file with any of the options below (flags override it)")
     p.add_argument("--broker", help="HOST:PORT of the MQTT broker (default: find the server with zeroconf)")
     p.add_argument("--run", help="run id (default: the one the server advertises)")
@@ -303,12 +305,14 @@ def _tls(s: Settings) -> TlsFiles | None:
     return tls
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return quiet_on_broken_pipe(lambda: _main(argv))
+def main(argv: Sequence[str] | None = None, prog: str = "covey-device") -> int:
+    """Run the agent. A mistake the user can fix is one line, ``PROG: error: ...``, and
+    exit status 2."""
+    return quiet_on_broken_pipe(lambda: _main(argv, prog))
 
 
-def _main(argv: Sequence[str] | None) -> int:
-    args = build_parser().parse_args(argv)
+def _main(argv: Sequence[str] | None, prog: str) -> int:
+    args = build_parser(prog).parse_args(argv)
     if args.measure_link:
         print(measure_link_report())
         return 0
@@ -378,7 +382,7 @@ def _main(argv: Sequence[str] | None) -> int:
             agent.close()  # never raises, broker or not (device/mqtt.py)
         return 0
     except CoveyError as exc:
-        print(f"covey-device: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

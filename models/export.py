@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import tempfile
 from importlib import metadata
 from pathlib import Path
@@ -26,11 +25,9 @@ def covey_version() -> str:
 
 
 def _quiet_tensorflow() -> Any:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    import tensorflow as tf
+    from models.quiet_tf import tensorflow
 
-    tf.get_logger().setLevel("ERROR")
-    return tf
+    return tensorflow()
 
 
 def convert(name: str, seed: int = 0) -> tuple[bytes, dict[str, Any]]:

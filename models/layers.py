@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
+
+from models.quiet_tf import tf  # TensorFlow is imported when a layer first builds its graph
 
 Tensor = Any  # tf.Tensor; tensorflow ships no usable static types
 

@@ -53,11 +53,14 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 from device.runtime import tensor_key  # the runtime finds get_tensors/set_tensors names by the same rule
 from models.layers import Backward, Dense, ParamSpec, Tensor, softmax_cross_entropy
+from models.quiet_tf import tensorflow
 from models.zoo import Architecture
+
+tf = tensorflow()  # building a model is what needs TensorFlow (quietly imported)
+_Module: Any = tf.Module
 
 MIRROR_PREFIX = "mirror_"  # transposed copies of weights (server.artifact strips their initial values)
 
@@ -66,7 +69,7 @@ def _var_name(prefix: str, name: str) -> str:
     return prefix + tensor_key(name)
 
 
-class TrainableModel(tf.Module):
+class TrainableModel(_Module):  # a tf.Module
     """Variables plus hand-written forward/backward passes for one architecture."""
 
     def __init__(self, arch: Architecture, seed: int = 0) -> None:
@@ -84,7 +87,7 @@ class TrainableModel(tf.Module):
         self._mirror_slices: list[tuple[int, int]] = []
         buffer_specs: list[ParamSpec] = []
         self.mirror_of: list[int] = []  # mirror i is the transpose of weights[mirror_of[i]]
-        mirrors: list[tf.Variable] = []
+        mirrors: list[Any] = []  # tf.Variable
         mirror_keys: list[str] = []
         p = 0
         for i, layer in enumerate(arch.layers):

@@ -73,8 +73,12 @@ class Registry:
             )
         known = self.devices.get(device)
         if known is None:
+            # an agent registers again when it sees the coordinator's status, often before
+            # its first registration is confirmed: that is the same request, logged once
+            asked_before = device in self.admission.pending
             evicted = self.admission.request(device, body, len(self.devices))
-            log.info("device %s asks to join (%d samples); confirming with a ping", device, body.n_samples)
+            if not asked_before:
+                log.info("device %s asks to join (%d samples); confirming with a ping", device, body.n_samples)
             return Registration(None, False, tuple(evicted))
         info = self._record(device, body)
         self.devices[device].rtt_ms = known.rtt_ms

@@ -2,19 +2,24 @@
 
 Every test runs the real command (a subprocess from the repository root, so the
 checkout's code runs) and checks: exit status 2, exactly one line on stderr that
-names the bad value and what to do, no traceback anywhere, and no output written.
-A reader that closes covey's stdout is not a mistake: covey stops quietly.
+starts with the command's full name (``covey server run: error: ``), names the bad
+value and what to do, no traceback anywhere, and no output written. A reader that
+closes covey's stdout is not a mistake: covey stops quietly.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+
+from covey.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -34,12 +39,29 @@ def covey(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     )
 
 
+def command_name(argv: Sequence[str]) -> str:
+    """The name of the command ``covey ARGV`` runs: ``covey server run`` for ``server
+    run --min-devices 0``, ``covey`` when no subcommand is recognised."""
+    parser, name = build_parser(), "covey"
+    for word in [a for a in argv if a not in ("-v", "--verbose")]:
+        subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subcommands or word not in subcommands[0].choices:
+            break
+        parser = subcommands[0].choices[word]
+        name = parser.prog
+    return name
+
+
 def assert_one_line_error(proc: subprocess.CompletedProcess[str], *needles: str) -> str:
-    """Exit status 2, one stderr line holding every needle, no traceback."""
+    """Exit status 2, one stderr line ``covey COMMAND: error: ...`` holding every needle,
+    no traceback."""
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
     lines = proc.stderr.splitlines()
     assert proc.returncode == 2, (proc.returncode, proc.stderr)
     assert len(lines) == 1, proc.stderr
+    assert list(proc.args[1:3]) == ["-m", "covey.cli"], proc.args
+    prefix = f"{command_name(proc.args[3:])}: error: "
+    assert lines[0].startswith(prefix), (prefix, lines[0])
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
@@ -81,8 +103,9 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path, command: str, reader: str, u
         (["demo", "--rounds", "ten"], ["--rounds", "'ten'", "`covey demo --help`"]),
         (["demo", "--devices"], ["--devices", "expected one argument", "`covey demo --help`"]),
         (["bogus"], ["'bogus'", "strategies", "`covey --help`"]),
+        (["model", "build", "nope"], ["unknown model 'nope'", "mlp_mnist"]),
         (["server", "run"], ["--min-devices", "`covey server run --help`"]),
-        (["device", "run", "--threads", "four"], ["--threads", "'four'", "`covey-device --help`"]),
+        (["device", "run", "--threads", "four"], ["--threads", "'four'", "`covey device run --help`"]),
     ],
 )
 def test_usage_mistakes_are_one_line(argv: list[str], needles: list[str]) -> None:
@@ -93,8 +116,7 @@ def test_usage_mistakes_are_one_line(argv: list[str], needles: list[str]) -> Non
 def test_device_run_hands_every_flag_to_the_agent(tmp_path: Path) -> None:
     missing = tmp_path / "train.npz"
     proc = covey("device", "run", "--broker", "127.0.0.1:1", "--run", "r", "--data", str(missing))
-    line = assert_one_line_error(proc, "--data", str(missing), "does not exist")
-    assert line.startswith("covey-device: error:")
+    assert_one_line_error(proc, "--data", str(missing), "does not exist")  # "covey device run: error: ..."
 
 
 # -- 2. and 3. demo settings ------------------------------------------------------------------

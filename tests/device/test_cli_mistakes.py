@@ -49,6 +49,7 @@ def assert_one_line_error(code: int, out: str, err: str, *needles: str) -> str:
     assert code == 2, (code, err)
     lines = err.splitlines()
     assert len(lines) == 1, err
+    assert lines[0].startswith("covey-device: error: "), lines[0]
     for needle in needles:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]

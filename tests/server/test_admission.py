@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -117,3 +119,22 @@ def test_a_device_joins_the_registry_when_its_pong_echoes_the_ping() -> None:
     np.testing.assert_array_equal(registry.devices["pi-1"].info.class_counts, [5, 5])
     assert again.changed and again.info is not None  # a known device registers again at once
     assert registry.devices["pi-1"].rtt_ms >= 0
+
+
+def test_a_registration_repeated_before_its_ping_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    # Prepare: an agent registers on connecting and again on seeing the coordinator's status
+    registry = Registry(2)
+    caplog.set_level(logging.INFO, logger="covey.server")
+
+    # Execute
+    registry.register("pi-1", BODY)
+    registry.register("pi-1", BODY)
+    ((_, t),) = registry.pings_due()
+    registry.pong("pi-1", Pong(t))
+
+    # Assert: one line for the request, one for the registration
+    lines = [r.getMessage() for r in caplog.records if "pi-1" in r.getMessage()]
+    assert lines == [
+        "device pi-1 asks to join (10 samples); confirming with a ping",
+        "device pi-1 registered: 10 samples, ai_edge_litert",
+    ]
