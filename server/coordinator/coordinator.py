@@ -66,7 +66,7 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from server.artifact import artifact_for_devices
 from server.coordinator.admission import Admission
-from server.coordinator.execution import RoundExecution
+from server.coordinator.execution import ExecutionSettings, RoundExecution
 from server.coordinator.persistence import Persistence
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
@@ -136,7 +136,7 @@ class CoordinatorConfig:
     codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
 
 
-class Coordinator(Persistence):
+class Coordinator:
     def __init__(
         self,
         config: CoordinatorConfig,
@@ -145,7 +145,6 @@ class Coordinator(Persistence):
         eval_data: Dataset | None = None,
     ) -> None:
         self.cfg = config
-        self.strategy = strategy
         self.topics = Topics(config.run)
         self.model_path = Path(model_path)
         self.manifest: Manifest = load_manifest(manifest_path_for(self.model_path))
@@ -190,7 +189,6 @@ class Coordinator(Persistence):
         self._started = False
         self._resumed_plan: RoundPlan | None = None
         self._connections = 0
-        config.state_dir.mkdir(parents=True, exist_ok=True)
         self.link = MqttLink(
             f"covey-{config.run}-server",
             config.host,
@@ -227,7 +225,17 @@ class Coordinator(Persistence):
             max_chunk=config.max_chunk,
             task_prefix=self.epoch,
         )
-        self.execution = RoundExecution(self, self.shared)
+        self.execution = RoundExecution(
+            ExecutionSettings(config.run, config.handoff, config.deadline_s, config.max_chunk, config.codec),
+            topics=self.topics,
+            publish=self._publish,
+            wait=self.pump,
+            known=self.registry.devices,
+            shared=self.shared,
+            bases=self.bases,
+            downlinks=self.downlinks,
+            task_prefix=self.epoch,
+        )
         self.linkbook = LinkBook(config.link_bandwidth_hz)
         self.link_matrices: LinkMatrices | None = None  # the latest: probes, refined by the rounds' transfers
         self.probed_matrices: LinkMatrices | None = None  # the last probe measurement's (what grouping started on)
@@ -245,7 +253,36 @@ class Coordinator(Persistence):
             # has one or two chains (server/reference.py)
             reference=server_norm(model_path, eval_data) if eval_data is not None else None,
         )
-        self.driver.on_planned = self._journal
+        self.persistence = Persistence(config.state_dir, self.driver, self.registry)
+        self.driver.on_planned = self.persistence.journaler(self.execution.next_prefix)
+
+    @property
+    def strategy(self) -> Strategy:
+        return self.driver.strategy
+
+    @property
+    def devices(self) -> dict[str, DeviceRecord]:
+        return self.registry.devices
+
+    @property
+    def records(self) -> list[RoundRecord]:
+        return self.driver.records
+
+    def checkpoint(self) -> None:
+        self.persistence.checkpoint()
+
+    def resume(self) -> bool:
+        """Continue from the last checkpoint (and finish a round the journal shows was in
+        progress, with its plan and task ids); False when there is nothing to resume."""
+        resumed = self.persistence.resume()
+        if resumed is None:
+            return False
+        self.round = resumed.done
+        self._started = True
+        if resumed.plan is not None:
+            self._resumed_plan = resumed.plan
+            self.execution.task_prefix = resumed.task_prefix or self.execution.task_prefix
+        return True
 
     # -- setup ----------------------------------------------------------------------------
     def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:

@@ -13,30 +13,70 @@ late reply to the first plan can pass for one to the second.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal
+from collections.abc import Callable, Container, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
 
 from device.errors import ProtocolError
-from device.protocol import SERVER_ID, Assignment, Message, Payload, TrainResult
-from server.coordinator.manager import GroupManager, Handoff
+from device.protocol import SERVER_ID, Assignment, Message, Payload, Topics, TrainResult, WireCodec
+from server.coordinator.manager import GroupManager, Handoff, Publish
 from server.coordinator.shared import SharedModels
+from server.downlink import DownlinkModels
 from server.hops import HopBound
 from server.strategies.base import GroupResult, RoundPlan
 
 Outcome = Literal["accepted", "duplicate", "unexpected"]
 
-if TYPE_CHECKING:
-    import numpy as np
 
-    from server.coordinator.coordinator import Coordinator
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """The run's settings a plan's execution needs (from ``CoordinatorConfig``)."""
+
+    run: str
+    handoff: str  # auto | direct | relay | mixed
+    deadline_s: float
+    max_chunk: int
+    codec: WireCodec
 
 
 class RoundExecution:
-    def __init__(self, coordinator: Coordinator, shared: SharedModels) -> None:
-        self.coord, self.shared = coordinator, shared
+    """Runs plans on boards. Its collaborators are handed in, so it knows nothing of the
+    coordinator that owns it.
+
+    Parameters
+    ----------
+    topics, publish : the run's topics and how to publish one message on them.
+    wait : handles what arrives within a timeout (the coordinator's receive loop, which
+        feeds results back here through :meth:`on_result`, :meth:`on_frame` and
+        :meth:`on_refused`).
+    known : the registered devices; a plan naming another is refused.
+    shared : the shared start models on the broker.
+    bases : this round's start models by payload sha256 (what int8 deltas may name);
+        cleared at each plan, filled by the managers, read by the frame check.
+    downlinks : what each device holds, in int8/int4 runs (delta downlinks), else None.
+    task_prefix : the first plan's task-id prefix (the coordinator's epoch).
+    """
+
+    def __init__(
+        self,
+        settings: ExecutionSettings,
+        *,
+        topics: Topics,
+        publish: Publish,
+        wait: Callable[[float], None],
+        known: Container[str],
+        shared: SharedModels,
+        bases: dict[str, np.ndarray],
+        downlinks: DownlinkModels | None,
+        task_prefix: str,
+    ) -> None:
+        self.settings, self.topics, self.publish, self.wait = settings, topics, publish, wait
+        self.known, self.shared, self.bases, self.downlinks = known, shared, bases, downlinks
         self.managers: list[GroupManager] = []
         # task ids start with this; a resumed round keeps the prefix it was journaled with
-        self.task_prefix = coordinator.epoch
+        self.task_prefix = task_prefix
         self._attempts: dict[int, int] = {}  # round -> plans executed
 
     def next_prefix(self, rnd: int) -> str:
@@ -46,7 +86,7 @@ class RoundExecution:
         return self.task_prefix if attempt == 1 else f"{self.task_prefix}a{attempt}"
 
     def _handoff_for(self, group_index: int, members: Sequence[str]) -> Handoff:
-        mode = self.coord.cfg.handoff
+        mode = self.settings.handoff
         if mode == "mixed":
             return "direct" if group_index % 2 == 0 else "relay"
         if mode in ("direct", "relay"):
@@ -58,13 +98,13 @@ class RoundExecution:
         return "relay"
 
     def run(self, plan: RoundPlan, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
-        c = self.coord
-        unknown = sorted({d for g in plan.groups for d in g.members if d not in c.devices})
+        cfg = self.settings
+        unknown = sorted({d for g in plan.groups for d in g.members if d not in self.known})
         if unknown:
             raise ProtocolError(f"plan names unknown devices {unknown}")
         now = time.monotonic()
         self.managers = []
-        c.bases.clear()  # the start models int8 deltas may name: this plan's
+        self.bases.clear()  # the start models int8 deltas may name: this plan's
         prefix = self.next_prefix(plan.round)
         self._attempts[plan.round] = self._attempts.get(plan.round, 0) + 1
         try:
@@ -74,26 +114,26 @@ class RoundExecution:
                     plan.round,
                     plan.models[g.start_model],
                     plan.train,
-                    topics=c.topics,
-                    publish=c._publish,
+                    topics=self.topics,
+                    publish=self.publish,
                     handoff=self._handoff_for(i, g.members),
-                    deadline_s=c.cfg.deadline_s,
+                    deadline_s=cfg.deadline_s,
                     seed=seed,
-                    max_chunk=c.cfg.max_chunk,
+                    max_chunk=cfg.max_chunk,
                     task_prefix=prefix,
                     shared=self.shared,
-                    codec=c.cfg.codec,
-                    bases=c.bases,
-                    downlinks=c.downlinks,
+                    codec=cfg.codec,
+                    bases=self.bases,
+                    downlinks=self.downlinks,
                     hop=hop,
                 )
                 for d in g.members:
-                    msg = Message.of(Assignment(g.group_id), run=c.cfg.run, sender=SERVER_ID, round=plan.round)
-                    c._publish(c.topics.assignment(d), msg.encode(), True)
+                    msg = Message.of(Assignment(g.group_id), run=cfg.run, sender=SERVER_ID, round=plan.round)
+                    self.publish(self.topics.assignment(d), msg.encode(), True)
                 self.managers.append(manager)
                 manager.start(now)
             while not all(m.done for m in self.managers):
-                c.pump(0.05)
+                self.wait(0.05)
                 now = time.monotonic()
                 for m in self.managers:
                     m.tick(now)

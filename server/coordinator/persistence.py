@@ -1,90 +1,102 @@
-"""The coordinator's checkpoints and round journal (a mixin of :class:`Coordinator`).
+"""The coordinator's checkpoints and round journal.
 
 After every round: the round, the registry, the records and the strategy (JSON + npz,
 no pickle, written atomically). Right after planning a round: the *journal* — the
 plan, its task ids' prefix and the strategy as planning left it — so a coordinator
 resumed after a crash finishes that very round with the same task ids: devices that
 already trained deliver what they hold at once, and nothing is counted twice.
+
+:class:`Persistence` is a collaborator of the coordinator: it reads the round driver
+and the registry it is given and writes their state; :meth:`Persistence.resume` puts
+a saved state back into them and says what is left to do.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from server.coordinator import checkpoint
+from server.coordinator.registry import Registry
 from server.rounds import RoundDriver, record_from_dict, records_as_dicts
-from server.strategies.base import RoundPlan, Strategy
-
-if TYPE_CHECKING:
-    from server.coordinator.coordinator import CoordinatorConfig
-    from server.coordinator.execution import RoundExecution
-    from server.coordinator.registry import DeviceRecord, Registry
-    from server.rounds import RoundRecord
+from server.strategies.base import RoundPlan
 
 log = logging.getLogger("covey.server")
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """What a resumed coordinator does next: the last round checkpointed, and, when the
+    journal shows a round in progress, that round's plan and task-id prefix."""
+
+    done: int
+    plan: RoundPlan | None = None
+    task_prefix: str | None = None
+
+
 class Persistence:
-    cfg: CoordinatorConfig
-    driver: RoundDriver
-    strategy: Strategy
-    registry: Registry
-    execution: RoundExecution
-    round: int
-    _started: bool
-    _resumed_plan: RoundPlan | None
+    """Checkpoints and the journal of one run, in ``state_dir``.
 
-    @property
-    def devices(self) -> dict[str, DeviceRecord]:
-        return self.registry.devices
+    Parameters
+    ----------
+    state_dir : where the files go (created if missing).
+    driver : the round driver whose round, records, model bytes and strategy are saved
+        and, on resume, restored.
+    registry : the devices registered so far (saved; restored on resume).
+    """
 
-    @property
-    def records(self) -> list[RoundRecord]:
-        return self.driver.records
+    def __init__(self, state_dir: Path, driver: RoundDriver, registry: Registry) -> None:
+        self.state_dir, self.driver, self.registry = state_dir, driver, registry
+        state_dir.mkdir(parents=True, exist_ok=True)
 
     def _state(self) -> dict[str, Any]:
         return {
             "round": self.driver.rnd,
             "model_bytes": self.driver.model_bytes,
-            "strategy": self.strategy,
-            "devices": self.devices,
-            "records": records_as_dicts(self.records),
+            "strategy": self.driver.strategy,
+            "devices": self.registry.devices,
+            "records": records_as_dicts(self.driver.records),
         }
 
     def checkpoint(self) -> None:
         """Round, registry, records and the strategy's state (JSON + npz, no pickle)."""
-        checkpoint.save(self._state(), self.cfg.state_dir)
-        checkpoint.remove(self.cfg.state_dir, "journal")
+        checkpoint.save(self._state(), self.state_dir)
+        checkpoint.remove(self.state_dir, "journal")
 
-    def _journal(self, plan: RoundPlan) -> None:
-        """The round's plan and the strategy as planning left it, with the task ids'
-        prefix: a coordinator resumed after a crash finishes this very round."""
-        prefix = self.execution.next_prefix(self.driver.rnd)  # the one this plan will execute with
-        state = {**self._state(), "round": self.driver.rnd, "plan": plan, "task_prefix": prefix}
-        checkpoint.save(state, self.cfg.state_dir, "journal")
+    def journaler(self, prefix_of: Callable[[int], str]) -> Callable[[RoundPlan], None]:
+        """What the round driver calls right after planning (``on_planned``): journal the
+        plan with the task-id prefix ``prefix_of(round)`` it will execute with."""
 
-    def resume(self) -> bool:
-        """Continue from the last checkpoint, and finish a round the journal shows was
-        in progress (same plan, same task ids: devices deliver what they already
-        trained at once and nothing is counted twice)."""
-        state = checkpoint.load(self.cfg.state_dir)
-        journal = checkpoint.load(self.cfg.state_dir, "journal")
+        def journal(plan: RoundPlan) -> None:
+            rnd = self.driver.rnd
+            state = {**self._state(), "round": rnd, "plan": plan, "task_prefix": prefix_of(rnd)}
+            checkpoint.save(state, self.state_dir, "journal")
+
+        return journal
+
+    def resume(self) -> Resumed | None:
+        """Restore the last checkpoint into the driver and the registry, or None when
+        there is none. A journal of the round after it (a round in progress at the
+        crash) gives the plan and task ids to finish that very round with (devices
+        deliver what they already trained at once and nothing is counted twice)."""
+        state = checkpoint.load(self.state_dir)
+        journal = checkpoint.load(self.state_dir, "journal")
         done = int(state["round"]) if state is not None else 0
         if journal is not None and int(journal["round"]) != done + 1:
             journal = None  # a stale journal: its round was checkpointed
         source = state if state is not None else journal
         if source is None:
-            return False
+            return None
         self.registry.devices.update(source.get("devices", {}))  # devices registered before the restart
         records = [record_from_dict(r) for r in source.get("records", [])]
         self.driver.resume(done, records, int(source.get("model_bytes", 0)))
-        self.strategy = self.driver.strategy = source["strategy"]
+        self.driver.strategy = source["strategy"]
+        resumed = Resumed(done)
         if journal is not None:
-            self.strategy = self.driver.strategy = journal["strategy"]
-            self._resumed_plan = journal["plan"]
-            self.execution.task_prefix = str(journal["task_prefix"])
-        self.round = done
-        self._started = True
+            self.driver.strategy = journal["strategy"]
+            resumed = Resumed(done, journal["plan"], str(journal["task_prefix"]))
         log.info("resumed after round %d%s", done, f"; finishing round {done + 1}" if journal is not None else "")
-        return True
+        return resumed
