@@ -83,8 +83,9 @@ def strategies(devices: int) -> dict[str, Callable[[], Strategy]]:
 
     FedGSP trains as its paper does on FEMNIST (Zeng et al. 2022, Sec. 5; the
     ``fedgsp-femnist`` preset): one epoch, batch 5, lr 0.01. At 20 rounds of a slower
-    lr (0.003, batch 10) the 3-chain run reached only 26 % and any missing board's data
-    showed as lost speed (5 points), which measures the data's worth, not an attack's.
+    lr (0.003, batch 10) the 3-chain run was far from trained, and any missing board's
+    data showed as lost speed (docs/results.md, "A dishonest board": the "absent" row),
+    which measures the data's worth, not an attack's.
     """
     out: dict[str, Callable[[], Strategy]] = {
         "fedavg": lambda: make_strategy("fedavg", train=TrainConfig(5, 10, 0.005), clients_per_round=devices)
@@ -98,7 +99,7 @@ def strategies(devices: int) -> dict[str, Callable[[], Strategy]]:
 
 def simulate(make: Callable[[], Strategy], attack: Attack | None, args: argparse.Namespace) -> float:
     """The mean server accuracy of the last five rounds, in percent, averaged over
-    ``--seeds`` seeds (FedGSP's chains make single runs noisy: ±3 points)."""
+    ``--seeds`` seeds (FedGSP's chains make single runs noisy)."""
     return float(np.mean([_simulate(make, attack, args, args.seed + k) for k in range(args.seeds)]))
 
 

@@ -6,12 +6,11 @@ from a local data set), and samples/s of the same architecture trained with Kera
 ``train_on_batch`` (SGD, same batch size, same number of threads, same CPU). Each
 side runs in its own child process, alternating, ``--repeats`` times, and the ratio
 compares the best run of each side. The development machine is a shared VM whose
-speed drops by up to half for seconds at a time (measured: a LiteRT process
-alternating between 1,900 and 4,500 samples/s with nothing else running). Such
-interference only ever slows a run down, so the best of several short alternating
-runs estimates each side's undisturbed speed alike; the ratio of medians is
-printed beside it and kept in ``--json``. The LiteRT child never imports TensorFlow, and it does what a
-device does: it loads the artifact devices download (the model without initial
+speed can halve for seconds at a time with nothing else running (docs/results.md
+describes the machine). Such interference only ever slows a run down, so the best of
+several short alternating runs estimates each side's undisturbed speed alike; the
+ratio of medians is printed beside it and kept in ``--json``. The LiteRT child never
+imports TensorFlow, and it does what a device does: it loads the artifact devices download (the model without initial
 values, ``server/artifact.py``), sets the start weights a train request brings, and
 trains into their buffer (``reuse_start``), as an agent does when nothing needs the start
 model afterwards (fp32 and fp16 runs; ``discard_start`` in docs/protocol.md). Its peak RSS

@@ -270,7 +270,7 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="every N rounds (and after the last) each client scores the model it would use on its own "
-        "test set (default 1; 0: never; scoring the 51 FEMNIST writers is about 15 %% of a FedAvg MLP round)",
+        'test set (default 1; 0: never; what it costs a round: docs/results.md, "Simulation speed")',
     )
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
 

@@ -7,8 +7,8 @@ time such a block is freed, glibc raises the threshold to the block's size (up t
 that is freed stays resident for the next one. A model is exactly such a block (26 MB
 for the FEMNIST CNN): after the first round's weights are dropped, the next round's
 result is taken from fresh heap pages while the freed ones stay resident, and the
-device's peak grows by a model (measured: 222.4 MB instead of 199.4 MB, training the
-FEMNIST CNN at batch 32; docs/results.md, "Device memory").
+device's peak grows by a model (measured in docs/results.md, "On-device training", its
+"Device memory" paragraph: the FEMNIST CNN at batch 32).
 
 Setting the threshold explicitly turns the dynamic adjustment off (``mallopt(3)``).
 :func:`pin_mmap_threshold` sets it to 1 MiB: a weight vector, a chunked payload or a
@@ -24,9 +24,9 @@ own choice. The setting is process-wide and made wherever a model loads with
 ``TFLiteModel(release_memory=True)``, the default: on a board, and in the coordinator.
 The simulator's interpreters load with ``release_memory=False`` and leave the
 threshold dynamic, because there the mappings cost more than they save: every
-virtual device's start model, trained model and update norm made a fresh model-sized
-block, and faulting in its pages took 12 % of a FedAvg round on the FEMNIST MLP
-(docs/results.md as of f31dc1f, "Simulation speed, fourth pass").
+virtual device's start model, trained model and update norm would be a fresh
+model-sized block whose pages fault in on first write, a cost in every simulated
+client's task, while a model less at the peak matters on a board, not in the simulator.
 """
 
 from __future__ import annotations

@@ -127,10 +127,10 @@ def _all_finite(arr: np.ndarray) -> bool:
     """Whether every element is finite, without ``isfinite``'s boolean copy of the array
     (6.6 MB for the FEMNIST CNN's weights, allocated while both weight vectors are
     alive). The minimum and the maximum are NaN if any element is (both reductions
-    propagate NaN), and one of them is infinite if an element is. Two passes of the
-    vectorised reductions take 73-84 µs for the FEMNIST MLP's weights, against 179 µs
-    for the float64 sum this used before (its casting loop). A training task runs it
-    three times: on the start weights, the features and the result."""
+    propagate NaN), and one of them is infinite if an element is. The two vectorised
+    reductions are faster than the float64 sum this used before, which went through a
+    casting loop. A training task runs it three times: on the start weights, the
+    features and the result."""
     if arr.size == 0:
         return True
     return bool(np.isfinite(arr.min()) and np.isfinite(arr.max()))
@@ -242,10 +242,9 @@ class _SignatureCall:
     arm64 (seen with ai-edge-litert 1.4.0 and 2.3.0 under qemu-user; issue 25), so the
     default board backend could not take one train step. Resizing to an unchanged shape
     is a no-op inside TFLite (``Subgraph::ResizeInputTensor`` returns early), so
-    skipping it changes nothing on any backend. It also saves time: a FEMNIST MLP
-    ``train`` step spends about 600 µs in ``Invoke`` and this wrapper takes a few
-    microseconds of the runner's 34 µs around it; that time holds the GIL, which the
-    simulator's worker threads share (docs/results.md as of f31dc1f, "Simulation speed, fifth pass").
+    skipping it changes nothing on any backend. It also saves time: without the
+    runner's per-call checks, less of each call runs around ``Invoke``, and that time
+    holds the GIL, which the simulator's worker threads share.
     """
 
     def __init__(
@@ -336,9 +335,8 @@ class TFLiteModel:
         after each copy (``_PageReleaser``); a board's peak is a model or two lower.
         The simulator's interpreters, which load a model for every virtual device's
         task, pass ``False``: every model-sized array would be fresh pages that fault
-        in (a FedAvg round on the FEMNIST MLP: 98 → 86 ms without it), and every load
-        would fault the released buffers back in (0.9 ms of a 9 ms client; docs/results.md as
-        of f31dc1f, "Simulation speed, fourth pass"). The weights and results are the same either way.
+        in, and every load would fault the released buffers back in, a cost in every
+        simulated client's task. The weights and results are the same either way.
     """
 
     def __init__(
@@ -601,7 +599,7 @@ class TFLiteModel:
             return lambda xb, yb: float(prox(x=xb, y=yb, lr=lr32, mu=mu32)["loss"])
         rank = self.manifest.deferred_rank
         # At least two steps per fold-in: with one, a deferred step does a plain step's
-        # work and the factors' besides (the FEMNIST MLP at batch 32: 7 % slower).
+        # work and the factors' besides, and is slower (docs/models.md, "Deferred updates").
         if deferred and rank and 2 * batch_size <= rank:
             self._prime_arena("flush")
             train_deferred = self._runner("train_deferred")

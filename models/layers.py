@@ -190,7 +190,8 @@ class Dense(Layer):
         # z^T = W @ x^T as a rank-3 BATCH_MATMUL: XNNPACK streams W as the left
         # operand without repacking it, on every thread. The obvious x @ W^T would
         # convert to FULLY_CONNECTED, whose kernel for non-constant weights is a
-        # single-threaded Eigen path that repacks W each step (measured 2x slower).
+        # single-threaded Eigen path that repacks W each step (docs/models.md, "What made
+        # it fast").
         x3 = tf.reshape(x, [1, -1, self.n_in])
         z_t = tf.matmul(kernel, x3, transpose_b=True)
         if "pending_out" in state:
@@ -240,7 +241,7 @@ def _im2col(x_padded: Tensor, k: int, height: int, width: int) -> Tensor:
     ``[k*k*C, out]``. Built in two passes of ``k``-way concatenations (the ``k``
     horizontal shifts, then the ``k`` vertical shifts of that): XNNPACK runs a
     concatenation of a few inputs on all threads, while a single ``k*k``-way one
-    fell back to TFLite's single-threaded kernel (11 % of a FEMNIST CNN step).
+    fell back to TFLite's single-threaded kernel (docs/models.md, "What made it fast").
     """
     rows = tf.concat([x_padded[:, :, j : j + width, :] for j in range(k)], axis=-1)
     return tf.concat([rows[:, i : i + height, :, :] for i in range(k)], axis=-1)
@@ -250,11 +251,11 @@ def _taps(x_padded: Tensor, k: int, height: int, width: int) -> Tensor:
     """Patches of a padded single-channel NHWC tensor as ``[N, k*k, H*W]``, tap-major.
 
     For one input channel the ``[N, H, W, k*k]`` layout of :func:`_im2col` is built by
-    concatenations of one-float-wide slices, which XNNPACK copies element by element
-    (measured: 0.43 ms of a 7 ms MNIST CNN step at batch 32). With the taps on their
-    own axis every copy moves whole image rows instead (0.25 ms, transpose included),
-    and the filter gradient can use the patches as the streamed left operand of a
-    per-sample product without any transpose.
+    concatenations of one-float-wide slices, which XNNPACK copies element by element.
+    With the taps on their own axis every copy moves whole image rows instead, faster
+    even with the transpose (docs/models.md, "The MNIST CNN at batch 32"), and the
+    filter gradient can use the patches as the streamed left operand of a per-sample
+    product without any transpose.
     """
     x3 = tf.reshape(x_padded, [-1, height + k - 1, width + k - 1])
     # concatenation of reshaped slices, not tf.stack: PACK has no XNNPACK kernel, and a
@@ -316,9 +317,9 @@ class Conv2D(Layer):
         self.pool = pool
         # A single-channel input's patches are small ([N, k*k, H*W]), so reordering them
         # into pooling phases is cheap, and it spares the two upsamplings of the
-        # full-resolution pooling backward pass (-0.4 ms of a 6.5 ms MNIST CNN step at
-        # batch 32). For wider inputs the patch matrix is k*k*C_in wide, and reordering
-        # it would cost more than the upsamplings.
+        # full-resolution pooling backward pass (docs/models.md, "The MNIST CNN at batch
+        # 32"). For wider inputs the patch matrix is k*k*C_in wide, and reordering it
+        # would cost more than the upsamplings.
         self._phase_pooling = pool and c_in == 1
 
     def params(self, prefix: str) -> list[ParamSpec]:
@@ -377,8 +378,8 @@ class Conv2D(Layer):
         gives, for every row tap ``i``, its contribution before the height shift; the
         ``k`` height shifts are then ``k`` pads and adds. The full col2im of
         ``dz @ K^T`` (a ``k*k*C_in``-wide product scattered back by ``k*k`` pads and
-        adds of whole canvases) cost 0.5 ms more of a 7 ms MNIST CNN step at batch 32:
-        its adds streamed ``k*k`` canvases instead of ``k``.
+        adds of whole canvases) was slower: its adds streamed ``k*k`` canvases instead
+        of ``k`` (docs/models.md, "The MNIST CNN at batch 32").
         """
         k, c_in, c_out, p = self.k, self.c_in, self.c_out, self.k // 2
         dz_wide = tf.pad(dz, [[0, 0], [0, 0], [p, p], [0, 0]])
@@ -425,9 +426,10 @@ class Conv2D(Layer):
         # One [taps, H*W] @ [H*W, out] product per sample, summed over the batch. As
         # one [taps, N*H*W] @ [N*H*W, out] product the whole patch matrix is
         # transposed at once and each output tile streams all of dz from L3; per
-        # sample both stay in L2 (measured: -0.25 ms of a 6.5 ms MNIST CNN step at
-        # batch 32, no change for the FEMNIST CNN). Single-channel patches are already
-        # [N, taps, H*W]. The scale multiplies the small [taps, out] result.
+        # sample both stay in L2 (faster for the MNIST CNN at batch 32, no change for
+        # the FEMNIST CNN: docs/models.md, "The MNIST CNN at batch 32" and "Tried and
+        # rejected"). Single-channel patches are already [N, taps, H*W]. The scale
+        # multiplies the small [taps, out] result.
         dz_per_sample = tf.reshape(dz, [-1, self.h * self.w, self.c_out])
         if "taps" in cache:
             per_sample = tf.matmul(cache["taps"], dz_per_sample)

@@ -44,7 +44,7 @@ Contract: pending rows exist only between ``train_deferred`` calls and the next
 ``flush``; every other signature reads the kernels as they are, so call ``flush``
 before any of them (``device.runtime.TFLiteModel.train`` does). Folding the factors
 into every signature instead cost each of them a 26 MB product and sum on the FEMNIST
-CNN (measured: +185 MB resident for ``get_weights`` alone). A caller that never
+CNN, and each signature's arena the memory for them. A caller that never
 uses ``train_deferred`` never sees pending rows.
 """
 

@@ -65,9 +65,9 @@ def _mlp(name: str, hidden: int, n_classes: int, what: str, deferred_rank: int =
 
 
 # Pending-update rows of the FEMNIST MLP's 784x512 layer: at batch 10 (FedAvg's default)
-# a plain step spent 42 % of its time (perf, one thread) adding the update to the 1.6 MB kernel and
-# writing it back; deferred, an epoch of 20 steps took 17 % less (batch 5: 19 %), and
-# 20-60 rows all did about as well (docs/models.md, "Deferred updates").
+# a plain step spends much of its time adding the update to the 1.6 MB kernel and writing
+# it back, which deferred steps do once per fold-in; 40 is in the middle of the 20-60 rows
+# that trained about as fast (docs/models.md, "Deferred updates").
 MLP_DEFERRED_RANK = 40
 
 

@@ -3,12 +3,13 @@
 A device never trains from a model's built-in initial weights: every train,
 pre-train and evaluate request brings the weights to start from. The initial
 values are constants in the ``.tflite`` file that the init subgraph copies into
-the resource variables. For the FEMNIST CNN that is 26 MB of a 29 MB file, and
+the resource variables. For the FEMNIST CNN the weights' are 26 MB of the file, and
 26 MB of a board's memory. The FedProx anchor is a second 26 MB variable that
 FedProx alone reads, and the kernel mirror (``models.layers.Layer.mirrors``) a
-third. So the coordinator publishes a stripped copy: the init subgraph assigns only
-the buffers (deferred-update factors, gradient sums), which must start at zero; every
-other constant is gone.
+third, whose initial value is another 26 MB of the 55 MB file. So the coordinator
+publishes a stripped copy: the init subgraph assigns only the buffers
+(deferred-update factors, gradient sums), which must start at zero; every other
+constant is gone.
 A variable then comes into being at its first assignment: ``set_weights`` for the
 weights and their mirrors, ``set_anchor`` for the anchor. The other signatures and their ops are
 byte-for-byte the model's own, and training from the same weights gives the same

@@ -38,9 +38,10 @@ import numpy as np
 from device.protocol.codecs import Bits, FrameCodec, decode, encode_float, pack, payload_key, quantise
 
 # Models kept: as many as fit in 2 GiB (1,250 of the FEMNIST MLP, 81 of its CNN). A device
-# whose held model was evicted gets the next one in full; with a fixed 64 models, FedGSP's
-# 51 relayed chain members (each holding its own model) evicted one another every round
-# and int8 FedGSP moved 3.3x fewer bytes than fp32 instead of 5.7x (docs/results.md).
+# whose held model was evicted gets the next one in full, so the budget must hold every
+# device's model across a round: with a fixed 64 models, FedGSP's 51 relayed chain members
+# (each holding its own model) evicted one another every round and got full models where
+# deltas would do (the bytes it cost: docs/results.md, "Wire codecs").
 DEFAULT_BUDGET_BYTES = 2 << 30
 
 
@@ -131,8 +132,8 @@ class DownlinkModels:
     def unchanged(self, weights: np.ndarray) -> Iterator[None]:
         """Within: ``weights`` is not modified, so :meth:`encode` compares it with the
         last model encoded once, not once per device. That comparison reads two whole
-        models: 0.3 ms for the FEMNIST MLP (ten per simulated round), 2.3 ms for its
-        CNN (one per member when a coordinator starts a group of 50)."""
+        models, which would otherwise be paid for every device (ten per simulated round
+        of the FEMNIST MLP, one per member when a coordinator starts a group of 50)."""
         self._model_is(weights)
         self._unchanged = weights
         try:

@@ -34,11 +34,12 @@ that trained: honest hand-offs add up like steps of a random walk (FEMNIST MLP: 
 member 0.38, a chain of seven 0.99 ≈ 0.38 √7).
 
 Why these defaults (``norm_factor`` 10, ``clip_factor`` 3): honest updates stay below
-both. On FEMNIST writers the largest honest update was 1.6 times its round's median;
-on Synthetic(1,1), whose clients hold 45 to 800 samples and train 20 epochs, 3.6 times
-(``bench/poisoning.py --survey``); such an update is clipped to 3 times, not refused.
-docs/results.md ("A dishonest board") gives the accuracy each default costs on clean
-runs and saves under attack.
+both. On FEMNIST writers the largest honest update stays under twice its round's
+median; on Synthetic(1,1), whose clients hold 45 to 800 samples and train 20 epochs, it
+can pass 3 times (``bench/poisoning.py --survey``; the clean runs' largest ratio is in
+docs/results.md, "A real site (issue 7): faults, fuzzing, poisoning"); such an update
+is clipped to 3 times, not refused. docs/results.md ("A dishonest board") gives the
+accuracy each default costs on clean runs and saves under attack.
 """
 
 from __future__ import annotations
@@ -176,15 +177,13 @@ def update_norm(start: np.ndarray, model: np.ndarray) -> float:
     """``||model - start||_2``, the difference exact and its squares summed in float64.
 
     The float64 difference is made chunk by chunk into one buffer that stays in the
-    caches: a whole one (3.5 MB for the FEMNIST MLP) went out to memory and back and
-    took 1.4 ms per update, about a sixth of a simulated client's training
-    (docs/results.md as of f31dc1f, "Simulation speed, fourth pass"); chunked, 0.6 ms.
+    caches: a whole one (3.5 MB for the FEMNIST MLP) would go out to memory and back,
+    and the norm is bound by memory traffic; the simulator computes one per client.
 
     The sum of squares is ``einsum``'s own loop, not BLAS's ``dot``: OpenBLAS runs a
     long dot product on threads that then spin for a while, and in the simulator those
-    spinning threads took the cores from the interpreter and the worker processes
-    (a FedAvg round on two workers was no faster than on one; docs/results.md as of
-    f31dc1f, "Simulation speed, third pass").
+    spinning threads took the cores from the interpreter and the worker processes, so
+    that a second worker gained nothing.
 
     Parameters
     ----------

@@ -36,21 +36,21 @@ receiver reconstructs):
   ``nb`` scales and offsets as in ``int8``, then one zlib stream of the ``n`` codes
   (``n`` is the base's length). Lossless over ``int8``, so the same bound. A sender
   uses it when it is smaller (:func:`pack`): a device's trained delta has long runs of
-  equal codes (weights whose inputs never vary get no gradient), measured 4.3x smaller
-  codes on the FEMNIST MLP; a downlink delta 1.2x (``docs/results.md``). The receiver
-  inflates at most ``n`` bytes and refuses a stream that is corrupt, longer or shorter
-  (a small frame can never inflate beyond the model).
+  equal codes (weights whose inputs never vary get no gradient), which deflate well; a
+  downlink delta's codes hardly do (both measured in ``docs/results.md``, "Wire
+  codecs"). The receiver inflates at most ``n`` bytes and refuses a stream that is
+  corrupt, longer or shorter (a small frame can never inflate beyond the model).
 * ``int4`` / ``int4z``: as ``int8`` / ``int8z`` with 16 levels: ``s = (max d_b - lo) /
   15``, ``q`` in 0..15, two codes per byte (the first in the low nibble; an odd count
   ends in a zero nibble, which the receiver checks), so ``nb`` scales and offsets,
   then ``ceil(n / 2)`` bytes of codes; ``int4z`` deflates those bytes, and the
   receiver inflates at most ``ceil(n / 2)``. ``|d̂ - d| <= s / 2 + 2**-22 * max|d_b|`` with that ``s`` (17 times int8's).
   Why a second width: a dense delta (every weight moves, as in the FEMNIST CNN)
-  deflates only about 1.2x, so int8 is about 5x fewer bytes than float32, and a relayed chain
-  hand-off crosses the wire twice (member to manager, manager to successor): int8
-  FedGSP on the CNN moved 2.6x fewer bytes than fp32. int4 halves each delta's codes
-  (not the full models a device gets the first time); measured in
-  ``docs/results.md``.
+  hardly deflates, so int8 is little more than its 4x fewer bytes than float32, and a
+  relayed chain hand-off crosses the wire twice (member to manager, manager to
+  successor) where an fp32 one crosses once: int8 FedGSP on the CNN stays well short of
+  4x fewer bytes than fp32. int4 halves each delta's codes (not the full models a
+  device gets the first time); both measured in ``docs/results.md``, "Wire codecs".
 * ``q8``: a *whole model* in ``int8``'s layout (per block of :data:`BLOCK`, ``lo =
   min x_b``, ``s = (max x_b - lo) / 255``, the codes), without a base: ``|x̂ - x| <=
   s / 2 + 2**-22 * max|x_b|``. In ``int8`` and ``int4`` runs a device that holds no

@@ -100,7 +100,7 @@ def _is_union(tp: Any) -> bool:
 def _hints(cls: type) -> dict[str, Any]:
     """``cls``'s field types, resolved once per class. ``get_type_hints`` evaluates every
     (string) annotation each time it is called: 20 ``compile`` calls per frame header,
-    two thirds of reading a 0.2 MB model frame (``bench/transport.py``)."""
+    most of what reading a small model frame cost (``bench/transport.py``)."""
     return get_type_hints(cls, include_extras=True)
 
 
@@ -139,8 +139,8 @@ Reader = Callable[[Any, str], Any]  # (raw JSON value, where it sits) -> the che
 
 def _reader(tp: Any) -> Reader:
     """The reader of type ``tp``, built once per type: what to check is decided there,
-    not for every value read (reading a 0.2 MB model frame took 80 µs besides its
-    sha256, 48 µs since; docs/results.md, "Transport").
+    not for every value read, as every frame that arrives is read through it (what
+    reading a model frame costs besides its sha256: docs/results.md, "Transport").
 
     Cached by the type and its arguments in order: ``Literal["a", "b"]`` and
     ``Literal["b", "a"]`` are equal types, but their error messages list the values

@@ -10,24 +10,26 @@ problem solved exactly as a min-cost flow with OR-Tools ``SimpleMinCostFlow``:
 one unit of supply per client, a demand of ``K/L`` per cluster, arc cost
 ``1/2 * ||V^k - C_l||^2``.
 
-Speed. A flow over all ``K x L`` arcs costs about 1 s per iteration at K = 10,000,
-L = 100. covey first solves over each client's ``n_candidates`` nearest clusters,
-then checks optimality over *all* arcs: an equal-size assignment is optimal iff no
-cyclic exchange of clients between clusters lowers the cost, i.e. iff the graph of
-cluster-to-cluster move costs ``min_{k in a} (d(k, b) - d(k, a))`` has no negative
+Speed. A flow over all ``K x L`` arcs (10⁶ at K = 10,000, L = 100) is slow to solve at
+every iteration. covey first solves over each client's ``n_candidates`` nearest
+clusters, then checks optimality over *all* arcs: an equal-size assignment is optimal
+iff no cyclic exchange of clients between clusters lowers the cost, i.e. iff the graph
+of cluster-to-cluster move costs ``min_{k in a} (d(k, b) - d(k, a))`` has no negative
 cycle (Floyd-Warshall). If it has one, the iteration is re-solved with all arcs. So
-every assignment is exactly optimal for its centroids, at a fraction of the cost.
+every assignment is exactly optimal for its centroids, at a fraction of the cost (the
+times: docs/results.md, "Grouping").
 
 Departures from Algorithm 2, on purpose:
 
 * Line 6 draws one client per cluster *at random*. Proposition 2 only makes the group
   centroids right in expectation; on the 51 FEMNIST writers the random draw leaves the
-  median pairwise CPD of the groups only 2-14 % below random groups (measured, 10
-  seeds). covey's default ``draw="balanced"`` keeps the structure (every group gets
-  exactly one client of every cluster) but places each cluster's members by a
-  min-cost matching (``scipy.optimize.linear_sum_assignment``): cluster by cluster, a
-  member goes to the group whose running class distribution it brings closest to the
-  global one. That takes the reduction to 56-69 %. ``draw="random"`` is the paper's.
+  median pairwise CPD of the groups little below random groups'. covey's default
+  ``draw="balanced"`` keeps the structure (every group gets exactly one client of every
+  cluster) but places each cluster's members by a min-cost matching
+  (``scipy.optimize.linear_sum_assignment``): cluster by cluster, a member goes to the
+  group whose running class distribution it brings closest to the global one, which
+  reduces the CPD several times more (both draws measured in docs/results.md,
+  "Grouping"). ``draw="random"`` is the paper's.
 * Line 1 samples ``L * floor(K/L)`` clients and leaves the remaining ``K mod L`` out of
   the round. covey clusters the same number of clients but then appends each leftover
   client to a *different* group (the one whose class distribution it moves closest to

@@ -1,10 +1,10 @@
 """A cache of parsed data sets, keyed by the content of the files they were parsed from.
 
-Parsing FEMNIST's LEAF JSON takes about 1.5 s on every run; reading the same arrays
-back from an uncompressed ``.npz`` takes a few tens of milliseconds. An entry's key is
+Parsing FEMNIST's LEAF JSON takes over a second on every run; reading the same arrays
+back from an uncompressed ``.npz`` takes a small fraction of that. An entry's key is
 the SHA-256 of every source file's bytes with its name (the data files and the
 modules that parse them), not of their size and modification time: hashing the 42 MB of the FEMNIST
-sample costs about 80 ms, and a stat-based key would miss an edit that keeps the size
+sample costs little beside parsing it, and a stat-based key would miss an edit that keeps the size
 and the mtime (``cp -p``, ``rsync -t``, a coarse-mtime file system). A changed file
 changes the key, so a stale entry is never read; it is deleted when its replacement
 is written. Entries are plain ``.npz`` (``allow_pickle=False``), written atomically

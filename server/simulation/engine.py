@@ -451,9 +451,9 @@ class VirtualDevices:
         codec: FrameCodec,
     ) -> tuple[MemberResult, int]:
         """One parallel member on a worker thread: trained from ``received``, then
-        :meth:`_received`. Decoding and the norm (0.6 ms of a 9 ms FEMNIST MLP client)
-        run beside the other threads' training instead of after all of it, on the main
-        thread (docs/results.md as of f31dc1f, "Simulation speed, fifth pass")."""
+        :meth:`_received`. Decoding and the norm run beside the other threads' training
+        instead of after all of it, on the main thread, whose serial share of a round
+        bounds what more workers gain (docs/results.md, "Simulation speed")."""
         return self._received(trainer.parallel(received, client, settings, seed, rnd), start, received, codec)
 
     def pretrain(

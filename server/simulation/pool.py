@@ -1,14 +1,15 @@
 """Work units on worker processes: batched per worker, weights through shared memory.
 
 Sending each work unit to a pool on its own costs more than the unit: a FEMNIST MLP
-client trains in about 9 ms, while pickling its 1.7 MB start model into a pipe, and
-its 1.7 MB result back, takes a few milliseconds each way, for every client. So
-:class:`SharedPool` (i) packs one map's calls into one task per worker, balanced by
-an estimated cost (longest first onto the least-loaded worker), and (ii) passes
-every large array through two shared-memory blocks instead of the pipes: the parent
-writes each distinct input array once into the input block (ten clients starting
-from the same model read the same bytes), and each call's large results are written
-by the worker into that call's slot of the output block, which the parent copies out.
+client trains in a few milliseconds (docs/results.md, "Simulation speed"), while
+pickling its 1.7 MB start model into a pipe, and its 1.7 MB result back, takes a few
+milliseconds each way, for every client. So :class:`SharedPool` (i) packs one map's
+calls into one task per worker, balanced by an estimated cost (longest first onto the
+least-loaded worker), and (ii) passes every large array through two shared-memory
+blocks instead of the pipes: the parent writes each distinct input array once into the
+input block (ten clients starting from the same model read the same bytes), and each
+call's large results are written by the worker into that call's slot of the output
+block, which the parent copies out.
 The pipes carry only names, offsets and small values.
 
 Work units are pure functions of their inputs, so the results do not depend on how

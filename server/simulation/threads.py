@@ -1,14 +1,14 @@
 """Work units on threads of this process, each thread with its own interpreter.
 
 LiteRT releases the GIL while an interpreter runs (``Invoke``), and a work unit
-spends most of its time there: the FEMNIST MLP's 20 training steps of a client take
-about 6 ms in the interpreter and a fraction of a millisecond in Python. So threads
-train clients side by side as processes do, without their costs: no fork, no copy
-of the data, and no model shipped in or out, since every thread reads the parent's
-arrays and returns its own. On this 2-core machine ten FEMNIST MLP clients train in
-52 ms on two threads with a one-thread interpreter each, against 88 ms on one
-interpreter with two threads (an interpreter's own threads meet at every operator;
-docs/results.md as of f31dc1f, "Simulation speed, fourth pass").
+spends most of its time there: a client's training steps run in the interpreter, and
+only a small share of each step in Python. So threads train clients side by side as
+processes do, without their costs: no fork, no copy of the data, and no model shipped
+in or out, since every thread reads the parent's arrays and returns its own. On two
+cores, two threads with a one-thread interpreter each train a round's clients faster
+than one interpreter with two threads: an interpreter's own threads meet at every
+operator, and two interpreters never wait for each other (measured in
+docs/results.md, "Simulation speed").
 
 Each call goes to whichever thread is free next, the costliest first, so a slow
 client does not hold up a batch. Work units are pure functions of their inputs (see
@@ -29,9 +29,10 @@ from typing import Any, Literal
 
 WorkerKind = Literal["thread", "process"]  # where a simulation's workers run when there are several
 WORKER_KINDS: tuple[WorkerKind, ...] = ("thread", "process")
-# The default stops at 4: each worker holds its own interpreter (the FEMNIST CNN's takes
-# about 320 MB), and the Python share of every training step runs under the GIL, so
-# many threads would queue on it (measured on 2 cores only; docs/results.md).
+# The default stops at 4: each worker holds its own interpreter (hundreds of MB for the
+# FEMNIST CNN), and the Python share of every training step runs under the GIL, so
+# many threads would queue on it (measured on 2 cores only: docs/results.md, "Simulation
+# speed").
 MAX_DEFAULT_WORKERS = 4
 
 

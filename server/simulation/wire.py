@@ -29,8 +29,8 @@ def frame_bytes(payload: np.ndarray, codec: FrameCodec) -> int:
 @functools.lru_cache(maxsize=256)
 def _frames_size(shape: tuple[int, ...], dtype: str, codec: FrameCodec) -> int:
     """The size depends on the payload's shape, dtype and codec alone (its headers hold
-    no hash here), so it is built once per kind of payload: building two headers for
-    each of a round's 20 models took 1.2 ms of an 80 ms simulated FedAvg round."""
+    no hash here), so it is built once per kind of payload, not two headers for each of
+    a round's models."""
     return frames_size(
         np.empty(shape, np.dtype(dtype)),
         kind="result",
