@@ -41,9 +41,7 @@ from device.protocol import (
     Ack,
     EvalRow,
     InboundTransfer,
-    LinkProbeRequest,
     LinkReport,
-    Listen,
     Message,
     Payload,
     Ping,
@@ -68,13 +66,14 @@ from server.artifact import artifact_for_devices
 from server.coordinator.admission import Admission
 from server.coordinator.execution import ExecutionSettings, RoundExecution
 from server.coordinator.persistence import Persistence
+from server.coordinator.prober import LinkProber, ProbeSettings
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
 from server.hops import HopBound
-from server.links import DEFAULT_BANDWIDTH_HZ, MAX_PROBE_PEERS, LinkBook, LinkMatrices, probe_peers
+from server.links import DEFAULT_BANDWIDTH_HZ, LinkMatrices
 from server.reference import server_norm
 from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
 from server.screening import ScreeningConfig
@@ -236,11 +235,23 @@ class Coordinator:
             downlinks=self.downlinks,
             task_prefix=self.epoch,
         )
-        self.linkbook = LinkBook(config.link_bandwidth_hz)
-        self.link_matrices: LinkMatrices | None = None  # the latest: probes, refined by the rounds' transfers
-        self.probed_matrices: LinkMatrices | None = None  # the last probe measurement's (what grouping started on)
-        self._link_requests = 0
-        self._pong_at: dict[str, float] = {}  # device -> the server time its latest pong echoed
+        self.prober = LinkProber(
+            ProbeSettings(
+                config.link_probes,
+                config.link_probe_bytes,
+                config.link_probe_timeout_s,
+                config.link_probe_parallel,
+                config.link_measure_max_s,
+                config.link_bandwidth_hz,
+            ),
+            run=config.run,
+            topics=self.topics,
+            publish=self._publish,
+            wait=self.pump,
+            devices=self.registry.devices,
+            task_prefix=self.epoch,
+            model_bytes=model_bytes,
+        )
         self.driver = RoundDriver(
             strategy,
             self,
@@ -418,13 +429,12 @@ class Coordinator:
                 raise ProtocolError(f"{msg.type!r} on a register topic")
             self._on_register(device, msg.body)
         elif isinstance(msg.body, Pong):
-            self._pong_at[device] = max(self._pong_at.get(device, 0.0), msg.body.echo)
             confirmed = self.registry.pong(device, msg.body)
-            self.linkbook.add_rtt(device, self.devices[device].rtt_ms)
+            self.prober.on_pong(device, msg.body.echo)
             if confirmed is not None and self._started:
                 self.driver.add_client(confirmed)  # a newcomer passed admission
         elif isinstance(msg.body, LinkReport):
-            if not self.linkbook.on_report(device, msg.body):
+            if not self.prober.book.on_report(device, msg.body):
                 raise ProtocolError(f"link report {msg.body.task_id!r} from {device}, which was not asked for it")
         elif isinstance(msg.body, TrainFailed):
             failed = msg.body
@@ -501,7 +511,7 @@ class Coordinator:
         why = (
             f"{device} timed {inbound.nbytes} bytes; a model of this run has at most {model_bytes}"
             if inbound.nbytes > model_bytes
-            else self.linkbook.add_inbound(device, inbound, allowed)
+            else self.prober.book.add_inbound(device, inbound, allowed)
         )
         if why is not None:
             self.drop("implausible transfer report", why)
@@ -548,7 +558,7 @@ class Coordinator:
     def _on_upload(self, device: str, payload: Payload) -> None:
         """An expected upload, timed here: the goodput of ``device``'s path to the server."""
         if payload.timing is not None:
-            self.linkbook.add_transfer(device, SERVER_ID, payload.timing.nbytes, payload.timing.seconds)
+            self.prober.book.add_transfer(device, SERVER_ID, payload.timing.nbytes, payload.timing.seconds)
 
     # -- waiting -------------------------------------------------------------------------
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:
@@ -565,70 +575,11 @@ class Coordinator:
 
     def measure_rtt(self, timeout: float = 5.0) -> None:
         """Ping every device; RTT is measured from the pong (through the broker)."""
-        for device in self.ready_devices():
-            msg = Message.of(Ping(time.time()), run=self.cfg.run, sender=SERVER_ID, round=self.round)
-            self._publish(self.topics.inbox(device), msg.encode())
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(np.isnan(self.devices[d].rtt_ms) for d in self.ready_devices()):
-            self.pump(0.1)
+        self.prober.measure_rtt(self.round, timeout)
 
     def measure_links(self, timeout: float | None = None) -> LinkMatrices:
-        """Measure Γ and the RTT matrix (:mod:`server.links`): pings from here, and every
-        online device probes the server and its peers (at most 256, a different slice
-        for each device when there are more), ``link_probe_parallel`` devices at a time.
-        A device that does not report within ``timeout`` (default: enough for its probes
-        to time out) keeps what was measured before, or filled entries; after
-        ``link_measure_max_s`` in all, the rest are not asked this time. The log says which."""
-        ids = self.ready_devices()
-        c = self.cfg
-        online = [d for d in ids if self.devices[d].online]  # an offline board would only time out
-        n_peers = min(len(online) - 1, MAX_PROBE_PEERS)
-        budget = timeout if timeout is not None else c.link_probe_timeout_s * (c.link_probes + 1) * (n_peers + 1) + 10
-        listen_since = time.time()
-        self._listen_for_probes(online, min(3600.0, c.link_measure_max_s + budget))
-        for _ in range(c.link_probes):
-            for device in online:
-                msg = Message.of(Ping(time.time()), run=c.run, sender=SERVER_ID, round=self.round)
-                self._publish(self.topics.inbox(device), msg.encode())
-        # a pong to a ping sent after the listen means the device subscribed to its peers
-        # (it handles its inbox in order, and the broker a client's packets in order)
-        deadline = time.monotonic() + min(10.0, budget)
-        while time.monotonic() < deadline and any(self._pong_at.get(d, 0.0) < listen_since for d in online):
-            self.pump(0.05)
-        self._link_requests += 1
-        task_id = f"{self.epoch}-links{self._link_requests}"
-        size = min(c.link_probe_bytes, 4 * self.manifest.n_params)  # the server reassembles at most one model
-        wave = max(1, c.link_probe_parallel)
-        log.info("measuring the links of %d devices, %d at a time (docs/links.md)", len(online), wave)
-        give_up = time.monotonic() + c.link_measure_max_s
-        for first in range(0, len(online), wave):  # a few devices at a time: their probes do not queue behind others'
-            if time.monotonic() > give_up:
-                log.warning(
-                    "link measurement stopped after %.0f s; %d devices not asked this time (link_measure_max_s)",
-                    c.link_measure_max_s,
-                    len(online) - first,
-                )
-                break
-            for k, device in enumerate(online[first : first + wave], start=first):
-                peers = probe_peers(online, k)
-                request = LinkProbeRequest(task_id, peers, c.link_probes, size, c.link_probe_timeout_s)
-                self.linkbook.pending[device] = task_id
-                self._publish(self.topics.inbox(device), Message.of(request, run=c.run, sender=SERVER_ID).encode())
-            deadline = time.monotonic() + budget
-            while self.linkbook.pending and time.monotonic() < deadline:
-                self.pump(0.05)
-            for device in sorted(self.linkbook.pending):
-                log.warning(
-                    "no link report from %s within %.0f s; its links are filled from the others' (see links)",
-                    device,
-                    budget,
-                )
-            self.linkbook.pending.clear()
-        m = self.link_matrices = self.probed_matrices = self.linkbook.matrices(ids)
-        log.info("links measured: SNR entries %s; RTT entries %s", m.counts("snr"), m.counts("rtt"))
-        if m.snr_db is None:
-            log.warning("no link SNR could be measured: SNR-aware grouping (DSC) groups by data only")
-        return m
+        """Measure Γ and the RTT matrix (:meth:`LinkProber.measure`)."""
+        return self.prober.measure(self.round, timeout)
 
     # -- the round driver's backend ---------------------------------------------------------
     def clients(self) -> Sequence[ClientInfo]:
@@ -654,36 +605,15 @@ class Coordinator:
 
     def snr_matrix(self) -> np.ndarray | None:
         """Γ over the current devices (sorted), from the link measurements."""
-        return self.linkbook.matrices(self.ready_devices()).snr_db
-
-    def _listen_for_probes(self, online: Sequence[str], seconds: float) -> None:
-        """Tell every device which peers' probes and echoes to take (devices hear a peer
-        only when told: ``Listen`` in device/protocol/messages.py): those it probes and
-        those that probe it."""
-        hears: dict[str, set[str]] = {d: set() for d in online}
-        for k, device in enumerate(online):
-            for peer in probe_peers(online, k):
-                hears[device].add(peer)
-                hears[peer].add(device)
-        for device, peers in hears.items():
-            if peers:
-                body = Listen(tuple(sorted(peers))[:512], seconds)
-                self._publish(self.topics.inbox(device), Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode())
+        return self.prober.snr_matrix()
 
     def links_record(self) -> dict[str, Any] | None:
-        """The matrices for results.json: the latest, and under ``probed`` those of the
-        last probe measurement (before the rounds' transfers refined them)."""
-        if self.link_matrices is None:
-            return None
-        doc = self.link_matrices.to_dict()
-        if self.probed_matrices is not None:
-            doc["probed"] = self.probed_matrices.to_dict()
-        return doc
+        return self.prober.record()
 
     def distance_matrix(self) -> np.ndarray | None:
         """The RTT matrix over the current devices: measured between peers where
         measured, else through the server (``rtt_i + rtt_j``)."""
-        rtt = self.linkbook.matrices(self.ready_devices()).rtt_ms
+        rtt = self.prober.rtt_matrix()
         return rtt if rtt is not None else self.registry.distance_matrix()
 
     def round_stats(self) -> RoundStats:
@@ -724,8 +654,8 @@ class Coordinator:
         every = self.cfg.links_every
         if every > 0 and record.round % every == 0:
             self.measure_links()  # links change: a refresh before the strategy regroups
-        elif self.linkbook.transfers:  # this round's uploads and hand-offs, timed (server/links.py)
-            self.link_matrices = self.linkbook.matrices(self.ready_devices())
+        else:
+            self.prober.refresh()
         log.info(
             "round %d: server accuracy %.2f%%, federated %.2f%%, %d groups, %d trained, %d skipped, %.1f s",
             record.round,

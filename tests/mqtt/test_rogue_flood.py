@@ -220,7 +220,7 @@ def test_partial_frames_that_carry_more_than_they_announce_do_not_grow_the_coord
         held_now = held()
         records.append(coord.step())
         peak = memory.stop()
-        timed = [path for path in coord.linkbook.transfers if path[0] in REAL]
+        timed = [path for path in coord.prober.book.transfers if path[0] in REAL]
         coord.stop_devices()
         coord.close()
 
