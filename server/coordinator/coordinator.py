@@ -10,12 +10,14 @@ receive is validated; whatever is wrong is dropped with a log line and counted i
 round's record (by reason, and per registered device), and no single message can stop
 a run.
 
-Memory stays bounded whatever arrives: the receive queue holds at most
-``max_queue_mb`` of payloads (beyond: dropped and counted); partial model uploads are
-held only for registered devices, at most two models' worth each and
-``max_pending_mb`` in all; the registry holds at most ``max_devices`` devices and 256
-registrations waiting for their confirmation ping; drop counters are kept by reason
-and per registered device.
+The coordinator composes its collaborators and hands each what it needs, never
+itself: the MQTT side (:class:`~server.coordinator.bus.DeviceBus`: identity,
+reassembly, de-duplication, drops and the memory bounds), plan execution
+(:class:`~server.coordinator.execution.RoundExecution`), link measurement
+(:class:`~server.coordinator.prober.LinkProber`), checkpoints
+(:class:`~server.coordinator.persistence.Persistence`), requests, shared models and the
+retained-junk sweep. The registry holds at most ``max_devices`` devices and 256
+registrations waiting for their confirmation ping.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import numpy as np
 from device.data import Dataset
 from device.errors import CoveyError, ProtocolError, TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
-from device.mqtt import Incoming, MqttLink, TlsFiles, Will
+from device.mqtt import Incoming, TlsFiles, Will
 from device.probing import send_probe_frame
 from device.protocol import (
     SERVER_ID,
@@ -46,7 +48,6 @@ from device.protocol import (
     Payload,
     Ping,
     Pong,
-    Reassembler,
     Register,
     ServerStatus,
     Stop,
@@ -55,7 +56,6 @@ from device.protocol import (
     TrainResult,
     WireCodec,
     check_weights,
-    decode_message,
     downlink_codec,
     first_codec,
     send_model,
@@ -64,6 +64,7 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from server.artifact import artifact_for_devices
 from server.coordinator.admission import Admission
+from server.coordinator.bus import BusSettings, DeviceBus
 from server.coordinator.execution import ExecutionSettings, RoundExecution
 from server.coordinator.persistence import Persistence
 from server.coordinator.prober import LinkProber, ProbeSettings
@@ -80,7 +81,6 @@ from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
-LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
 
 
 class OtherRoundError(ProtocolError):
@@ -88,9 +88,6 @@ class OtherRoundError(ProtocolError):
     delivering a held result again is honest), and its message id not remembered."""
 
     reason = "result of another round"
-
-
-DEVICE_LANE_MESSAGES = 1_000  # messages one device may have waiting in the receive queue (device/mqtt.py lanes)
 
 
 @dataclass
@@ -176,36 +173,26 @@ class Coordinator:
                 decodes=self._decodes,
             )
         )
-        self._frames = Reassembler(
-            max_bytes=model_bytes,
-            max_pending_bytes=config.max_pending_mb * 2**20,
-            max_pending_per_sender=2 * model_bytes,
-        )
-        self._dropped: dict[str, int] = {}
-        self._rejected: dict[str, int] = {}  # registered device -> its messages dropped this round
-        self._queue_dropped = 0  # the link's queue-full count already reported
-        self._recent_ids: dict[str, None] = {}  # message ids seen lately, oldest first
         self._started = False
         self._resumed_plan: RoundPlan | None = None
-        self._connections = 0
-        self.link = MqttLink(
-            f"covey-{config.run}-server",
-            config.host,
-            config.port,
-            username=config.username,
-            password=config.password,
-            tls=config.tls,
-            # persistent: what devices send while the coordinator restarts waits for it
-            clean_session=False,
+        self.bus = DeviceBus(
+            BusSettings(
+                config.run,
+                config.host,
+                config.port,
+                config.username,
+                config.password,
+                config.tls,
+                max_queue_bytes=config.max_queue_mb * 2**20,
+                max_pending_bytes=config.max_pending_mb * 2**20,
+                max_chunk=config.max_chunk,
+            ),
+            self.topics,
+            model_bytes=model_bytes,
             will=Will(self.topics.server_status, self._status("stopped"), retain=True),
-            max_queue_bytes=config.max_queue_mb * 2**20,
-            # one lane per device (its from/<id>/... topics): a device that floods the
-            # coordinator fills its own lane, never the others' results
-            lane_of=self._lane_of,
-            lane_max_messages=DEVICE_LANE_MESSAGES,
-            lane_max_bytes=2 * model_bytes + 2 * config.max_chunk + 2**20,
+            registered=self.registry.devices,
         )
-        self._lane_dropped: dict[str, int] = {}  # the link's per-lane counts already reported
+        self.link = self.bus.link
         self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)
         self.retained = RetainedJunk(
             self.topics,
@@ -297,7 +284,7 @@ class Coordinator:
 
     # -- setup ----------------------------------------------------------------------------
     def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:
-        self.link.publish(topic, data, retain=retain)
+        self.bus.publish(topic, data, retain)
 
     def _status(self, state: str) -> bytes:
         # the sha256 of what devices download (the artifact), not of the server's own file
@@ -305,10 +292,9 @@ class Coordinator:
         return Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode()
 
     def connect(self, timeout: float = 15.0) -> None:
-        self.link.connect(timeout)
-        self._connections = self.link.connections
         t = self.topics
-        self.link.subscribe(
+        self.bus.connect(
+            timeout,
             t.from_filter("register"),
             t.from_filter("results"),
             t.from_filter("frames"),
@@ -341,35 +327,20 @@ class Coordinator:
             self.topics.artifact_manifest, json.dumps(self.artifact_manifest).encode(), retain=True, wait=30.0
         )
 
-    def _lane_of(self, topic: str) -> str | None:
-        """A device's own topics (``from/<id>/...``) are its lane (network thread: cheap)."""
-        found = self.topics.device_of(topic)
-        return found[0] if found is not None else None
-
     def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
-        """Count (by reason, and per registered ``device``) and log what covey did not use;
-        ``quiet`` for expected ones (duplicates of what already arrived), which are neither
-        held against the device nor logged above info."""
-        if quiet:
-            self._dropped[reason] = self._dropped.get(reason, 0) + 1
-            log.info("dropped: %s (%s)", reason, detail)
-            return
-        if device is not None:
-            self._rejected[device] = self._rejected.get(device, 0) + 1
-        n = self._dropped[reason] = self._dropped.get(reason, 0) + 1
-        if n <= LOGGED_DROPS:  # a flood is counted in full but logs a few lines per reason and round
-            log.warning("dropped: %s (%s)%s", reason, detail, " [more are counted, not logged]" * (n == LOGGED_DROPS))
+        """Count (by reason, and per registered ``device``) and log what covey did not use
+        (:class:`~server.coordinator.bus.Drops`)."""
+        self.bus.drops.drop(reason, detail, device, quiet)
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
         """Handle one incoming message (if any arrives within ``timeout``)."""
-        if self.link.connections > self._connections:  # back after losing the broker
-            self._connections = self.link.connections
+        if self.bus.reconnected():  # back after losing the broker
             log.warning("connection to the broker is back; sending this round's outstanding work again")
             self.execution.resend_outstanding()
         for device, t in self.registry.pings_due():  # admission: confirm new devices
             self._publish(self.topics.inbox(device), Message.of(Ping(t), run=self.cfg.run, sender=SERVER_ID).encode())
-        item = self.link.receive(timeout)
+        item = self.bus.receive(timeout)
         if item is None:
             return
         try:
@@ -377,15 +348,10 @@ class Coordinator:
         except OtherRoundError as exc:  # not held against the device (_on_result)
             self.drop(exc.reason, f"{item.topic}: {exc}", quiet=True)
         except CoveyError as exc:
-            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}", self._sender(item))
+            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}", self.bus.sender(item))
         except Exception as exc:  # no single message, from anyone, may stop a run
             log.exception("unexpected error handling %s", item.topic)
-            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}", self._sender(item))
-
-    def _sender(self, item: Incoming) -> str | None:
-        """The registered device a message came from (by its topic), else None."""
-        who = self.topics.device_of(item.topic)
-        return who[0] if who is not None and who[0] in self.registry.devices else None
+            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}", self.bus.sender(item))
 
     def _dispatch(self, item: Incoming) -> None:
         who = self.topics.device_of(item.topic)
@@ -402,22 +368,15 @@ class Coordinator:
             return
         if kind == "frames":
             self.registry.known(device)  # nothing from an unregistered id is held while it reassembles
-            evicted, expired = self._frames.evicted, self._frames.expired
-            payload = self._frames.add(item.payload, sender=device, received_at=item.received_at or None)
-            if self._frames.evicted > evicted or self._frames.expired > expired:
-                self.drop("partial payload evicted or expired", f"from {device}")
+            payload = self.bus.reassemble(device, item)
             if payload is not None:
                 self._on_frame(device, payload)
             return
-        msg = decode_message(item.payload)
-        if msg.id in self._recent_ids:  # QoS 1 and redelivered results may bring a message twice
-            self.drop("duplicate message", f"{msg.type} {msg.id} from {device}", quiet=True)
+        msg = self.bus.decode_once(device, item)
+        if msg is None:
             return
         self._on_message(device, kind, msg)
-        # remembered once used: a result refused now (a round not yet resumed) may come again and count
-        self._recent_ids[msg.id] = None
-        if len(self._recent_ids) > 20_000:
-            self._recent_ids.pop(next(iter(self._recent_ids)))
+        self.bus.used(msg)
 
     def _on_message(self, device: str, kind: str, msg: Message) -> None:
         if msg.sender != device:
@@ -617,18 +576,8 @@ class Coordinator:
         return rtt if rtt is not None else self.registry.distance_matrix()
 
     def round_stats(self) -> RoundStats:
-        queue_full, self._queue_dropped = self.link.dropped - self._queue_dropped, self.link.dropped
-        if queue_full:  # lost before anyone could read them (device/mqtt.py logs each burst)
-            self._dropped["receive queue full"] = self._dropped.get("receive queue full", 0) + queue_full
-        for device, total in list(self.link.dropped_by_lane.items()):
-            new, self._lane_dropped[device] = total - self._lane_dropped.get(device, 0), total
-            if new:  # a device that sent more than its lane holds: counted against it
-                self._dropped["device lane full"] = self._dropped.get("device lane full", 0) + new
-                if device in self.devices:
-                    self._rejected[device] = self._rejected.get(device, 0) + new
-        stats = RoundStats(self.execution.handoff_counts(), dict(self._dropped), dict(self._rejected))
-        self._dropped, self._rejected = {}, {}
-        return stats
+        by_reason, by_device = self.bus.take_drops()
+        return RoundStats(self.execution.handoff_counts(), by_reason, by_device)
 
     def _server_eval(self, weights: np.ndarray) -> tuple[float, float]:
         assert self.eval_data is not None
@@ -678,9 +627,4 @@ class Coordinator:
             self._publish(self.topics.inbox(d), Message.of(Stop(reason), run=self.cfg.run, sender=SERVER_ID).encode())
 
     def close(self) -> None:
-        if self.link.connected:
-            try:
-                self.link.publish(self.topics.server_status, self._status("stopped"), retain=True, wait=5.0)
-            except TransportError:
-                log.warning("could not mark the run stopped on the broker")
-        self.link.close()
+        self.bus.close(self._status("stopped"))

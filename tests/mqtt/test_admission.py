@@ -44,7 +44,7 @@ def _handled(coord: Coordinator) -> int:
     """Fake registrations the coordinator dealt with: admitted, refused, evicted or pending."""
     admission = getattr(coord.registry, "admission", None)
     waiting = len(admission.pending) if admission is not None else 0
-    return len(coord.devices) - len(REAL) + sum(coord._dropped.values()) + waiting
+    return len(coord.devices) - len(REAL) + sum(coord.bus.drops.by_reason.values()) + waiting
 
 
 @pytest.mark.parametrize("mode", ["open", "site"])

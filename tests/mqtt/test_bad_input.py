@@ -128,8 +128,8 @@ def test_coordinator_and_agents_drop_bad_input_and_finish(broker, femnist_eval, 
         for topic, payload in traffic:
             rogue.publish(topic, payload, wait=5)
         deadline = time.monotonic() + 30
-        while sum(coord._dropped.values()) < to_server:  # every one reaches the coordinator, then it goes on
-            assert time.monotonic() < deadline, coord._dropped
+        while sum(coord.bus.drops.by_reason.values()) < to_server:  # every one reaches the coordinator, then it goes on
+            assert time.monotonic() < deadline, coord.bus.drops.by_reason
             coord.pump(0.5)
         second = coord.step()
         coord.stop_devices()
