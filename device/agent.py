@@ -61,6 +61,7 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from device.state import AgentState
 from device.tasks import TaskRunner
+from device.transport import Link, LinkFactory
 from device.waiting import Ready, Request, WaitingTasks
 from device.worker import ModelWorker
 
@@ -107,7 +108,16 @@ class AgentStats:
 class Agent:
     """A device: local data, a LiteRT model fetched over MQTT, and the request loop."""
 
-    def __init__(self, config: AgentConfig, train: Dataset, test: Dataset | None = None) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        train: Dataset,
+        test: Dataset | None = None,
+        *,
+        link_factory: LinkFactory = MqttLink,
+    ) -> None:
+        """``link_factory``: how to reach the broker (:class:`~device.mqtt.MqttLink` on a
+        board; an in-process broker's links run the same agent in one process)."""
         check_id(config.device_id)
         self.cfg = config
         self.me = config.device_id
@@ -132,7 +142,7 @@ class Agent:
         config.state_dir.mkdir(parents=True, exist_ok=True)
         self.state = AgentState(config.state_dir)
         self.state.load()
-        self.link = MqttLink(
+        self.link: Link = link_factory(
             f"covey-{config.run}-{config.device_id}",
             config.host,
             config.port,

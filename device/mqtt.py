@@ -1,13 +1,9 @@
 """The one module that touches paho-mqtt: a small, blocking-with-timeouts link.
 
 paho's callbacks run on its network thread. They never block here: an incoming
-message is put on a bounded queue (dropped and counted if the queue is full), and
-connection changes set events. The queue is bounded in messages and bytes, and, with
-``lane_of``, per *lane*: the owner names the lane of each topic (a device's messages
-to the coordinator, one peer's hand-offs to a device), and one lane may hold at most
-``lane_max_messages`` messages and ``lane_max_bytes`` bytes of the queue, so a flood
-on one lane is dropped (counted in ``dropped_by_lane``) while the others keep room.
-Every wait has a timeout. Sessions are persistent
+message is put on a bounded receive queue (:mod:`device.receive_queue`: bounded in
+messages and bytes, and per *lane*; what does not fit is dropped and counted), and
+connection changes set events. Every wait has a timeout. Sessions are persistent
 (``clean_session=False``), QoS 1 throughout, and the last will marks the client
 offline. paho reconnects on its own with exponential backoff (1 to 30 s), and
 subscriptions are renewed on every connect.
@@ -17,31 +13,20 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import paho.mqtt.client as paho
 
 from device.errors import ConfigError, TransportError
+from device.receive_queue import Incoming, LaneOf, ReceiveQueue
+
+__all__ = ["Incoming", "LaneOf", "MqttLink", "ReceiveQueue", "TlsFiles", "Will"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Incoming:
-    topic: str
-    payload: bytes
-    retain: bool
-    received_at: float = 0.0  # time.monotonic() when the network thread took it (transfer timing)
-    lane: str | None = None  # the owner's lane for its topic (``lane_of``), None: no lane
-
-
-LaneOf = Callable[[str], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -168,7 +153,14 @@ class MqttLink:
     ) -> None:
         self.host, self.port, self.keepalive = host, port, keepalive
         self.client_id = client_id
-        self._queue: queue.Queue[Incoming] = queue.Queue(max_queue)
+        self._rx = ReceiveQueue(
+            client_id,
+            max_queue=max_queue,
+            max_queue_bytes=max_queue_bytes,
+            lane_of=lane_of,
+            lane_max_messages=lane_max_messages,
+            lane_max_bytes=lane_max_bytes,
+        )
         self._connected = threading.Event()
         self._refused: str | None = None
         self.connections = 0  # successful connects so far: more than one means it reconnected
@@ -176,16 +168,6 @@ class MqttLink:
         self.disconnects = 0  # connections lost (not closed by us): a client kicked by another counts here
         self._subscriptions: set[str] = set()
         self._lock = threading.Lock()
-        self.dropped = 0  # messages lost to a full receive queue (the owner reports them)
-        self._burst = 0
-        self.max_queue_bytes = max_queue_bytes  # payload bytes the queue may hold (None: no limit)
-        self._queued_bytes = 0
-        self.lane_of = lane_of
-        self.lane_max_messages = lane_max_messages
-        self.lane_max_bytes = lane_max_bytes  # may be lowered once the owner knows its model's size
-        self._lanes: dict[str, list[int]] = {}  # lane -> [messages, bytes] in the queue
-        self.dropped_by_lane: dict[str, int] = {}  # lane -> messages dropped because it was full
-        self._lane_bursts: dict[str, int] = {}
         self._closed = False
         # SUBACKs by message id, newest last: whether the broker granted each topic. A
         # bounded record that only subscribe(wait=) reads; the ids it waits for stay.
@@ -258,53 +240,31 @@ class MqttLink:
             self._subacked.notify_all()
 
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
-        size = len(msg.payload)
-        lane = self.lane_of(msg.topic) if self.lane_of is not None else None
-        try:
-            with self._lock:
-                if lane is not None:
-                    held = self._lanes.setdefault(lane, [0, 0])
-                    over_bytes = self.lane_max_bytes is not None and held[1] + size > self.lane_max_bytes
-                    if held[0] >= self.lane_max_messages or over_bytes:
-                        self._lane_full(lane)
-                        return
-                if self.max_queue_bytes is not None and self._queued_bytes + size > self.max_queue_bytes:
-                    raise queue.Full
-                self._queue.put_nowait(
-                    Incoming(msg.topic, bytes(msg.payload), bool(msg.retain), time.monotonic(), lane)
-                )
-                self._queued_bytes += size
-                if lane is not None:
-                    held[0] += 1
-                    held[1] += size
-        except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
-            self.dropped += 1
-            self._burst += 1
-            if self._burst == 1:
-                log.warning("%s: receive queue full (%d); dropping messages", self.client_id, self._queue.maxsize)
-            return
-        if self._burst:
-            log.warning("%s: receive queue has room again; %d message(s) dropped", self.client_id, self._burst)
-            self._burst = 0
-        if lane is not None and self._lane_bursts.get(lane):
-            n = self._lane_bursts.pop(lane)
-            log.warning("%s: lane %s has room again; %d of its message(s) dropped", self.client_id, lane, n)
+        self._rx.offer(msg.topic, bytes(msg.payload), bool(msg.retain))
 
-    def _lane_full(self, lane: str) -> None:
-        """Count a message dropped because its lane is full (the lock is held); one log
-        line when a burst starts and one with its count when the lane has room again."""
-        self.dropped_by_lane[lane] = self.dropped_by_lane.get(lane, 0) + 1
-        burst = self._lane_bursts.get(lane, 0) + 1
-        if len(self._lane_bursts) < 1024 or lane in self._lane_bursts:
-            self._lane_bursts[lane] = burst
-        if burst == 1:
-            log.warning(
-                "%s: lane %s holds %d messages or %s bytes already; dropping its messages",
-                self.client_id,
-                lane,
-                self.lane_max_messages,
-                self.lane_max_bytes,
-            )
+    # -- the receive queue's counts and bounds (device/receive_queue.py) ---------------------
+    @property
+    def dropped(self) -> int:
+        """Messages lost to a full receive queue (the owner reports them)."""
+        return self._rx.dropped
+
+    @dropped.setter
+    def dropped(self, value: int) -> None:
+        self._rx.dropped = value
+
+    @property
+    def dropped_by_lane(self) -> dict[str, int]:
+        """Lane -> messages dropped because it was full."""
+        return self._rx.dropped_by_lane
+
+    @property
+    def lane_max_bytes(self) -> int | None:
+        """What one lane may hold; the owner may lower it once it knows its model's size."""
+        return self._rx.lane_max_bytes
+
+    @lane_max_bytes.setter
+    def lane_max_bytes(self, value: int | None) -> None:
+        self._rx.lane_max_bytes = value
 
     # -- API ----------------------------------------------------------------------------
     def connect(self, timeout: float = 10.0) -> None:
@@ -416,19 +376,7 @@ class MqttLink:
                 time.sleep(0.001)
 
     def receive(self, timeout: float) -> Incoming | None:
-        try:
-            item = self._queue.get(timeout=max(timeout, 0.0))
-        except queue.Empty:
-            return None
-        with self._lock:
-            self._queued_bytes -= len(item.payload)
-            if item.lane is not None:
-                held = self._lanes[item.lane]
-                held[0] -= 1
-                held[1] -= len(item.payload)
-                if held[0] == 0:
-                    del self._lanes[item.lane]
-        return item
+        return self._rx.get(timeout)
 
     @property
     def connected(self) -> bool:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from device.errors import TransportError
 from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.protocol import Message, Payload, Reassembler, Topics, decode_message
+from device.transport import Link, LinkFactory
 
 log = logging.getLogger("covey.server")
 LOGGED_DROPS = 20  # drops logged per reason and round; every one is counted
@@ -92,14 +93,23 @@ class DeviceBus:
     will : what the broker publishes when the coordinator vanishes (its stopped status).
     registered : the registry's devices; drops are held against these only (any id can be
         written on an open broker), and frames are reassembled from these only.
+    link_factory : how to reach the broker (``MqttLink``; an in-process broker's links
+        in ``server/loopback.py``).
     """
 
     def __init__(
-        self, settings: BusSettings, topics: Topics, *, model_bytes: int, will: Will, registered: Container[str]
+        self,
+        settings: BusSettings,
+        topics: Topics,
+        *,
+        model_bytes: int,
+        will: Will,
+        registered: Container[str],
+        link_factory: LinkFactory = MqttLink,
     ) -> None:
         self.topics, self.registered = topics, registered
         self.drops = Drops()
-        self.link = MqttLink(
+        self.link: Link = link_factory(
             f"covey-{settings.run}-server",
             settings.host,
             settings.port,

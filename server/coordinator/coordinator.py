@@ -36,7 +36,7 @@ import numpy as np
 from device.data import Dataset
 from device.errors import CoveyError, ProtocolError, TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
-from device.mqtt import Incoming, TlsFiles, Will
+from device.mqtt import Incoming, MqttLink, TlsFiles, Will
 from device.probing import send_probe_frame
 from device.protocol import (
     SERVER_ID,
@@ -62,6 +62,7 @@ from device.protocol import (
     wire_bits,
 )
 from device.runtime import TFLiteModel
+from device.transport import LinkFactory
 from server.artifact import artifact_for_devices
 from server.coordinator.admission import Admission
 from server.coordinator.bus import BusSettings, DeviceBus
@@ -139,7 +140,11 @@ class Coordinator:
         strategy: Strategy,
         model_path: Path,
         eval_data: Dataset | None = None,
+        *,
+        link_factory: LinkFactory = MqttLink,
     ) -> None:
+        """``link_factory``: how to reach the broker (``MqttLink``; the in-process
+        broker of ``server/loopback.py`` runs the coordinator and agents in one process)."""
         self.cfg = config
         self.topics = Topics(config.run)
         self.model_path = Path(model_path)
@@ -191,6 +196,7 @@ class Coordinator:
             model_bytes=model_bytes,
             will=Will(self.topics.server_status, self._status("stopped"), retain=True),
             registered=self.registry.devices,
+            link_factory=link_factory,
         )
         self.link = self.bus.link
         self.shared = SharedModels(self.topics, self._publish, config.max_chunk, self.epoch)

@@ -10,16 +10,20 @@ it and ``bench/equivalence.py`` prints the figures.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
+from device.agent import Agent, AgentConfig
 from device.data import read_leaf
 from device.protocol import WireCodec
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
+from server.loopback import LoopbackBroker
 from server.rounds import RoundRecord
 from server.simulation.datasets import ClientData
 from server.simulation.engine import Simulation
@@ -60,13 +64,16 @@ def run_both(
     deadline_s: float = 120.0,
     codec: WireCodec = "fp32",
     silent: Mapping[str, Path] | None = None,
+    boards: Literal["mqtt", "loopback"] = "mqtt",
 ) -> Comparison:
     """The strategy from ``make()`` over ``n_devices`` FEMNIST writers, both ways, with
     models on the wire in ``codec``. ``silent``: devices that never answer, each id with
     the script its board runs instead of the agent (one that registers, then ignores its
     requests); the simulator runs them as ``Faults(unresponsive=...)``. Give a
     ``deadline_s`` that the others meet with room to spare: whoever misses it is
-    skipped, on boards only."""
+    skipped, on boards only. ``boards="loopback"`` runs the same coordinator and agent code
+    in this process over :class:`~server.loopback.LoopbackBroker` instead of agent
+    processes over mosquitto (``host``/``port`` unused; ``silent`` not supported)."""
     writers = leaf_writers(root, n_devices)
     ids = [f"dev{i:03d}" for i in range(n_devices)]
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
@@ -86,35 +93,90 @@ def run_both(
     sim_records = sim.run(rounds)
 
     mqtt_strategy = make()
-    with start_fleet(
-        root, writers, run=run, host=host, port=port, log_dir=work / "logs", device_ids=ids, scripts=dict(silent or {})
-    ):
-        coord = Coordinator(
-            CoordinatorConfig(
-                run,
-                host,
-                port,
-                work / "state",
-                handoff=handoff,
-                deadline_s=deadline_s,
-                seed=seed,
-                federated_eval_every=1,
-                codec=codec,
-            ),
-            mqtt_strategy,
-            model_path,
-        )
-        try:
-            coord.connect()
-            coord.wait_for_devices(n_devices, timeout=120)
-            coord.setup_strategy()
-            coord.driver.last_round = rounds
-            mqtt_records = [coord.step() for _ in range(rounds)]
-            coord.stop_devices()
-        finally:
-            coord.close()
+    config = CoordinatorConfig(
+        run,
+        host,
+        port,
+        work / "state",
+        handoff=handoff,
+        deadline_s=deadline_s,
+        seed=seed,
+        federated_eval_every=1,
+        codec=codec,
+    )
+    if boards == "loopback":
+        if silent:
+            raise ValueError("silent devices run as scripts of their own: boards='mqtt' only")
+        mqtt_records = run_loopback(config, mqtt_strategy, model_path, federation, rounds, work)
+    else:
+        with start_fleet(
+            root,
+            writers,
+            run=run,
+            host=host,
+            port=port,
+            log_dir=work / "logs",
+            device_ids=ids,
+            scripts=dict(silent or {}),
+        ):
+            coord = Coordinator(config, mqtt_strategy, model_path)
+            try:
+                coord.connect()
+                coord.wait_for_devices(n_devices, timeout=120)
+                coord.setup_strategy()
+                coord.driver.last_round = rounds
+                mqtt_records = [coord.step() for _ in range(rounds)]
+                coord.stop_devices()
+            finally:
+                coord.close()
 
     pairs = list(zip(_models(sim_strategy), _models(mqtt_strategy), strict=True))
     diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs)
     acc = max(abs(a.federated_accuracy - b.federated_accuracy) for a, b in zip(sim_records, mqtt_records, strict=True))
     return Comparison(sim_records, mqtt_records, diff, acc)
+
+
+def run_loopback(
+    config: CoordinatorConfig,
+    strategy: Strategy,
+    model_path: Path,
+    federation: Mapping[str, ClientData],
+    rounds: int,
+    work: Path,
+) -> list[RoundRecord]:
+    """``rounds`` rounds of the coordinator with one agent per device of ``federation``,
+    all in this process over a :class:`~server.loopback.LoopbackBroker` (each agent's
+    request loop in a thread of its own, as it would run on its board)."""
+    broker = LoopbackBroker()
+    agents = [
+        Agent(
+            AgentConfig(device, config.run, "loopback", 0, work / "agents" / device),
+            data.train,
+            data.test,
+            link_factory=broker.link,
+        )
+        for device, data in federation.items()
+    ]
+    coord = Coordinator(config, strategy, model_path, link_factory=broker.link)
+    threads: list[threading.Thread] = []
+    try:
+        coord.connect()
+        for agent in agents:
+            agent.start()
+            thread = threading.Thread(target=agent.run_forever, name=f"agent-{agent.me}", daemon=True)
+            thread.start()
+            threads.append(thread)
+        coord.wait_for_devices(len(agents), timeout=120)
+        coord.setup_strategy()
+        coord.driver.last_round = rounds
+        records = [coord.step() for _ in range(rounds)]
+        coord.stop_devices()
+    finally:
+        coord.close()
+        for agent in agents:
+            agent.running = False
+        for thread in threads:
+            thread.join(timeout=10)
+        for agent in agents:
+            agent.close()
+    return records

@@ -1,8 +1,15 @@
 """The one round driver: the same seed and plan give the same models in simulation and
-over real mosquitto with agent processes (FedAvg, FedGSP with direct and relay
-hand-offs, IFCA)."""
+on boards (FedAvg, FedGSP with direct and relay hand-offs, IFCA, the codecs).
+
+"Boards" is covey's real coordinator and agent code either way: over a real mosquitto
+with agent processes (one run per hand-off kind, and the silent members, whose boards
+run scripts of their own), or in this process over the loopback broker
+(``server/loopback.py``), which is the same code without the network and answers in
+seconds."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
@@ -13,7 +20,8 @@ from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 from tests.mqtt.conftest import femnist_root
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
+MOSQUITTO = pytest.mark.broker
 TRAIN = TrainConfig(epochs=1, batch_size=5, lr=0.01)
 CASES = {
     "fedavg": ("direct", lambda: make_strategy("fedavg", train=TRAIN, clients_per_round=4)),
@@ -29,8 +37,22 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_simulation_and_boards_give_the_same_models(broker, tmp_path, case: str) -> None:
+def _boards(request: pytest.FixtureRequest, where: str) -> dict[str, Any]:
+    """run_both's arguments for boards over ``where``: "mosquitto" or "loopback"."""
+    if where == "mosquitto":
+        broker = request.getfixturevalue("broker")
+        return {"host": broker.host, "port": broker.port, "boards": "mqtt"}
+    return {"host": "loopback", "port": 0, "boards": "loopback"}
+
+
+@pytest.mark.parametrize(
+    ("case", "where"),
+    [(case, "loopback") for case in sorted(CASES)]
+    + [pytest.param(case, "mosquitto", marks=MOSQUITTO) for case in ("fedgsp_direct", "fedgsp_relay")],
+)
+def test_simulation_and_boards_give_the_same_models(
+    request: pytest.FixtureRequest, tmp_path, case: str, where: str
+) -> None:
     from covey.paths import ensure_model
 
     # Prepare
@@ -41,12 +63,11 @@ def test_simulation_and_boards_give_the_same_models(broker, tmp_path, case: str)
         make,
         root=femnist_root(),
         model_path=ensure_model("mlp_femnist"),
-        host=broker.host,
-        port=broker.port,
         work=tmp_path,
         run=f"eq-{case.replace('_', '')}",
         rounds=3,
         handoff=handoff,
+        **_boards(request, where),
     )
 
     # Assert
@@ -58,7 +79,7 @@ def test_simulation_and_boards_give_the_same_models(broker, tmp_path, case: str)
         assert all(r.handoff == {handoff: r.n_groups} for r in result.mqtt)
 
 
-def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(broker, tmp_path) -> None:
+def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(request, tmp_path) -> None:
     """FedAvg with ``--codec int8`` completes over MQTT, matches the simulator running the
     same codec code (downlink deltas included), moves about 4x fewer upload bytes than
     float32 and its accuracy stays close to float32's."""
@@ -73,13 +94,12 @@ def test_int8_deltas_give_the_same_models_both_ways_and_accuracy_close_to_fp32(b
         make,
         root=femnist_root(),
         model_path=model,
-        host=broker.host,
-        port=broker.port,
         work=tmp_path,
         run="eq-int8",
         rounds=3,
         handoff=handoff,
         codec="int8",
+        **_boards(request, "loopback"),
     )
     fp32 = _simulated(make, model, rounds=3)
 
@@ -111,7 +131,7 @@ def _simulated(make, model, *, rounds: int) -> list[RoundRecord]:  # type: ignor
 
 @pytest.mark.parametrize(("handoff", "codec"), [("auto", "int8"), ("direct", "int8"), ("auto", "int4")])
 def test_delta_chains_relay_deltas_and_give_the_same_models_both_ways(
-    broker, tmp_path, handoff: str, codec: str
+    request, tmp_path, handoff: str, codec: str
 ) -> None:
     """FedGSP with ``--codec int8`` and the default hand-off mode: every chain is relayed
     through its manager (the hand-offs travel as int8 deltas, up and down), the
@@ -131,13 +151,12 @@ def test_delta_chains_relay_deltas_and_give_the_same_models_both_ways(
         make,
         root=femnist_root(),
         model_path=model,
-        host=broker.host,
-        port=broker.port,
         work=tmp_path,
         run=f"eq-{codec}gsp{handoff}",
         rounds=3,
         handoff=handoff,
         codec=codec,
+        **_boards(request, "loopback"),
     )
     fp32 = _simulated(make, model, rounds=3)
 
@@ -162,6 +181,7 @@ def test_delta_chains_relay_deltas_and_give_the_same_models_both_ways(
         assert up >= 3.8 if mode == "relay" else 1.9 <= up < 2.5, up  # direct hand-offs: fp16
 
 
+@MOSQUITTO
 @pytest.mark.parametrize("codec", ["int8", "fp16"])
 def test_direct_chains_with_silent_members_give_the_same_models_both_ways(broker, tmp_path, codec: str) -> None:
     """Round 1 of this FedGSP run chains dev002 → dev004 → dev001 and dev005 → dev003 →

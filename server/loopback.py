@@ -1,0 +1,203 @@
+"""An in-process broker: the real coordinator and agents in one process, no network.
+
+:class:`LoopbackBroker` routes what its links publish to every link subscribed to a
+matching filter (MQTT's ``+`` and ``#``), keeps retained messages (an empty retained
+payload clears one) and hands them to new subscribers, and publishes a link's will
+when it goes away without closing. Each :class:`LoopbackLink` has the surface of
+:class:`~device.mqtt.MqttLink` (:class:`device.transport.Link`), including its bounded
+receive queue with lanes (:mod:`device.receive_queue`), so covey's agent and
+coordinator run on it unchanged: ``Agent(..., link_factory=broker.link)`` and
+``Coordinator(..., link_factory=broker.link)``.
+
+What it does not model: a network (delivery is immediate, in publish order per
+publisher), ACLs and passwords (anyone may publish anything), QoS (nothing is lost but
+what a full receive queue drops), sessions across reconnects, and packet size limits.
+Tests of those run a real mosquitto.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from device.errors import TransportError
+from device.mqtt import TlsFiles, Will
+from device.receive_queue import Incoming, LaneOf, ReceiveQueue
+
+log = logging.getLogger("covey.server")
+
+
+def topic_matches(pattern: str, topic: str) -> bool:
+    """Whether the subscription filter ``pattern`` matches ``topic`` (MQTT 3.1.1,
+    4.7: ``+`` one level, ``#`` this level and all below, as the last level)."""
+    want, have = pattern.split("/"), topic.split("/")
+    for i, level in enumerate(want):
+        if level == "#":
+            return True
+        if i >= len(have) or (level != "+" and level != have[i]):
+            return False
+    return len(want) == len(have)
+
+
+class LoopbackBroker:
+    """Routes messages among the links it made (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._links: dict[str, LoopbackLink] = {}
+        self._retained: dict[str, bytes] = {}
+
+    def link(
+        self,
+        client_id: str,
+        host: str = "loopback",
+        port: int = 0,
+        *,
+        username: str | None = None,
+        password: str | None = None,
+        tls: TlsFiles | None = None,
+        will: Will | None = None,
+        clean_session: bool = False,
+        max_queue: int = 10_000,
+        max_queue_bytes: int | None = None,
+        lane_of: LaneOf | None = None,
+        lane_max_messages: int = 2_000,
+        lane_max_bytes: int | None = None,
+        keepalive: int = 30,
+    ) -> LoopbackLink:
+        """A link with ``MqttLink``'s arguments (the broker's address and credentials are
+        not used: there is one broker and it lets everyone in)."""
+        rx = ReceiveQueue(
+            client_id,
+            max_queue=max_queue,
+            max_queue_bytes=max_queue_bytes,
+            lane_of=lane_of,
+            lane_max_messages=lane_max_messages,
+            lane_max_bytes=lane_max_bytes,
+        )
+        return LoopbackLink(self, client_id, rx, will)
+
+    # -- what links do -------------------------------------------------------------------------
+    def _connect(self, link: LoopbackLink) -> None:
+        with self._lock:
+            old = self._links.get(link.client_id)
+            self._links[link.client_id] = link
+        if old is not None and old is not link:  # as MQTT: the same client id takes the session over
+            old._taken_over()
+
+    def _disconnect(self, link: LoopbackLink, *, graceful: bool) -> None:
+        with self._lock:
+            if self._links.get(link.client_id) is link:
+                del self._links[link.client_id]
+        if not graceful and link.will is not None:
+            self.publish(link.will.topic, link.will.payload, retain=link.will.retain)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False) -> None:
+        with self._lock:
+            if retain:
+                if payload:
+                    self._retained[topic] = payload
+                else:
+                    self._retained.pop(topic, None)
+            receivers = [link for link in self._links.values() if link._wants(topic)]
+        for link in receivers:
+            link._rx.offer(topic, payload, False)
+
+    def _subscribed(self, link: LoopbackLink, patterns: tuple[str, ...]) -> None:
+        """Hand ``link`` the retained messages its new ``patterns`` match."""
+        with self._lock:
+            retained = [(t, p) for t, p in self._retained.items() if any(topic_matches(f, t) for f in patterns)]
+        for topic, payload in retained:
+            link._rx.offer(topic, payload, True)
+
+
+class LoopbackLink:
+    """One client of a :class:`LoopbackBroker`, with ``MqttLink``'s surface."""
+
+    def __init__(self, broker: LoopbackBroker, client_id: str, rx: ReceiveQueue, will: Will | None) -> None:
+        self.broker, self.client_id, self._rx, self.will = broker, client_id, rx, will
+        self.connections = 0
+        self.disconnects = 0
+        self._subscriptions: set[str] = set()
+        self._lock = threading.Lock()
+        self._connected = False
+        self._closed = False
+
+    def connect(self, timeout: float = 10.0) -> None:
+        if self._closed:
+            raise TransportError(f"{self.client_id}: the link was closed")
+        self.broker._connect(self)
+        self._connected = True
+        self.connections += 1
+
+    def _taken_over(self) -> None:
+        self._connected = False
+        self.disconnects += 1
+
+    def _wants(self, topic: str) -> bool:
+        with self._lock:
+            return self._connected and any(topic_matches(f, topic) for f in self._subscriptions)
+
+    def subscribe(self, *topics: str, wait: float | None = None) -> None:
+        if not topics:
+            return
+        if wait is not None and not self._connected:
+            raise TransportError(f"subscribing to {list(topics)} failed (not connected)")
+        with self._lock:
+            self._subscriptions.update(topics)
+        if self._connected:
+            self.broker._subscribed(self, topics)
+
+    def unsubscribe(self, *topics: str) -> None:
+        with self._lock:
+            self._subscriptions.difference_update(topics)
+
+    def publish(self, topic: str, payload: bytes, *, retain: bool = False, wait: float | None = None) -> None:
+        if not self._connected:
+            if wait is not None:
+                raise TransportError(f"publish to {topic} not acknowledged: not connected to the loopback broker")
+            return  # as paho with no connection and no queue: lost
+        self.broker.publish(topic, bytes(payload), retain=retain)
+
+    def receive(self, timeout: float) -> Incoming | None:
+        return self._rx.get(timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def dropped(self) -> int:
+        return self._rx.dropped
+
+    @dropped.setter
+    def dropped(self, value: int) -> None:
+        self._rx.dropped = value
+
+    @property
+    def dropped_by_lane(self) -> dict[str, int]:
+        return self._rx.dropped_by_lane
+
+    @property
+    def lane_max_bytes(self) -> int | None:
+        return self._rx.lane_max_bytes
+
+    @lane_max_bytes.setter
+    def lane_max_bytes(self, value: int | None) -> None:
+        self._rx.lane_max_bytes = value
+
+    def close(self) -> None:
+        """Leave gracefully (no will), as ``MqttLink.close``; never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._connected:
+            self._connected = False
+            self.broker._disconnect(self, graceful=True)
+
+    def drop(self) -> None:
+        """Vanish without closing: the broker publishes the will (a board switched off)."""
+        if self._connected:
+            self._connected = False
+            self.disconnects += 1
+            self.broker._disconnect(self, graceful=False)
