@@ -19,7 +19,11 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Mapping
+from pathlib import Path
 
+from device.agent import Agent, AgentConfig
+from device.data import Dataset
 from device.errors import TransportError
 from device.mqtt import TlsFiles, Will
 from device.receive_queue import Incoming, LaneOf, ReceiveQueue
@@ -201,3 +205,62 @@ class LoopbackLink:
             self._connected = False
             self.disconnects += 1
             self.broker._disconnect(self, graceful=False)
+
+
+class LoopbackFleet:
+    """Agents on a :class:`LoopbackBroker`, each request loop in a thread of its own (as it
+    would run on its board): the in-process counterpart of ``server.fleet.start_fleet``.
+
+    Parameters
+    ----------
+    broker : the broker the agents and the coordinator share.
+    devices : device id -> (train, test) data.
+    run : the run id.
+    state_dir : the agents' state folders go under it, one per device.
+    threads : interpreter threads per agent.
+    """
+
+    def __init__(
+        self,
+        broker: LoopbackBroker,
+        devices: Mapping[str, tuple[Dataset, Dataset | None]],
+        *,
+        run: str,
+        state_dir: Path,
+        threads: int = 1,
+    ) -> None:
+        self.broker = broker
+        self.agents = [
+            Agent(
+                AgentConfig(device, run, "loopback", 0, state_dir / device, threads=threads),
+                train,
+                test,
+                link_factory=broker.link,
+            )
+            for device, (train, test) in devices.items()
+        ]
+        self._threads: list[threading.Thread] = []
+        for agent in self.agents:
+            agent.start()
+            thread = threading.Thread(target=agent.run_forever, name=f"agent-{agent.me}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    @property
+    def device_ids(self) -> list[str]:
+        return [a.me for a in self.agents]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End every agent's loop (within ``timeout`` each) and close its link."""
+        for agent in self.agents:
+            agent.running = False
+        for thread in self._threads:
+            thread.join(timeout=timeout)
+        for agent in self.agents:
+            agent.close()
+
+    def __enter__(self) -> LoopbackFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -10,7 +10,6 @@ it and ``bench/equivalence.py`` prints the figures.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,11 @@ from typing import Literal
 
 import numpy as np
 
-from device.agent import Agent, AgentConfig
 from device.data import read_leaf
 from device.protocol import WireCodec
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
-from server.loopback import LoopbackBroker
+from server.loopback import LoopbackBroker, LoopbackFleet
 from server.rounds import RoundRecord
 from server.simulation.datasets import ClientData
 from server.simulation.engine import Simulation
@@ -145,38 +143,18 @@ def run_loopback(
     work: Path,
 ) -> list[RoundRecord]:
     """``rounds`` rounds of the coordinator with one agent per device of ``federation``,
-    all in this process over a :class:`~server.loopback.LoopbackBroker` (each agent's
-    request loop in a thread of its own, as it would run on its board)."""
+    all in this process over a :class:`~server.loopback.LoopbackBroker`."""
     broker = LoopbackBroker()
-    agents = [
-        Agent(
-            AgentConfig(device, config.run, "loopback", 0, work / "agents" / device),
-            data.train,
-            data.test,
-            link_factory=broker.link,
-        )
-        for device, data in federation.items()
-    ]
-    coord = Coordinator(config, strategy, model_path, link_factory=broker.link)
-    threads: list[threading.Thread] = []
-    try:
-        coord.connect()
-        for agent in agents:
-            agent.start()
-            thread = threading.Thread(target=agent.run_forever, name=f"agent-{agent.me}", daemon=True)
-            thread.start()
-            threads.append(thread)
-        coord.wait_for_devices(len(agents), timeout=120)
-        coord.setup_strategy()
-        coord.driver.last_round = rounds
-        records = [coord.step() for _ in range(rounds)]
-        coord.stop_devices()
-    finally:
-        coord.close()
-        for agent in agents:
-            agent.running = False
-        for thread in threads:
-            thread.join(timeout=10)
-        for agent in agents:
-            agent.close()
+    devices = {d: (data.train, data.test) for d, data in federation.items()}
+    with LoopbackFleet(broker, devices, run=config.run, state_dir=work / "agents"):
+        coord = Coordinator(config, strategy, model_path, link_factory=broker.link)
+        try:
+            coord.connect()
+            coord.wait_for_devices(len(devices), timeout=120)
+            coord.setup_strategy()
+            coord.driver.last_round = rounds
+            records = [coord.step() for _ in range(rounds)]
+            coord.stop_devices()
+        finally:
+            coord.close()
     return records
