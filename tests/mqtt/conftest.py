@@ -6,6 +6,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 from device.data import Dataset, read_leaf
 from device.mqtt import MqttLink
 from device.protocol import Topics, decode_message, parse_frame
+from server.loopback import LoopbackBroker
 
 
 @pytest.fixture(scope="session")
@@ -140,3 +142,20 @@ def femnist_root() -> Path:
     from covey.paths import femnist_dir
 
     return femnist_dir()
+
+
+@contextmanager
+def loopback_fleet(
+    root: Path, writers: list[str], *, run: str, state_dir: Path, device_ids: list[str] | None = None
+) -> Iterator[LoopbackBroker]:
+    """Agents on LEAF writers in this process, on a loopback broker (``server/loopback.py``),
+    named as ``start_fleet`` names them: the broker, for the coordinator's ``link_factory``."""
+    from server.loopback import LoopbackFleet
+
+    train, test = read_leaf(root / "train"), read_leaf(root / "test")
+    ids = device_ids or [f"dev{i:03d}" for i in range(len(writers))]
+    broker = LoopbackBroker()
+    with LoopbackFleet(
+        broker, {d: (train[w], test[w]) for d, w in zip(ids, writers, strict=True)}, run=run, state_dir=state_dir
+    ):
+        yield broker

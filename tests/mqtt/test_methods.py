@@ -1,4 +1,7 @@
-"""Every grouping method runs over MQTT with real agent processes."""
+"""Every grouping method runs on boards: covey's coordinator and agents, in this process
+over the loopback broker (the same code as over mosquitto, which
+``test_equivalence.py`` holds bit for bit to the simulator); FlexCFL's newcomer and
+migration over a real mosquitto with agent processes that stop and start."""
 
 from __future__ import annotations
 
@@ -9,22 +12,33 @@ import pytest
 
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
+from server.loopback import LoopbackBroker
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
-from tests.mqtt.conftest import femnist_root
+from tests.mqtt.conftest import femnist_root, loopback_fleet
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
 
 
 def _coordinator(broker, eval_data, tmp: Path, run: str, strategy) -> Coordinator:  # type: ignore[no-untyped-def]
+    """A connected coordinator on ``broker``: mosquitto's handle, or a LoopbackBroker."""
     from covey.paths import ensure_model
 
+    loopback = isinstance(broker, LoopbackBroker)
     coord = Coordinator(
-        CoordinatorConfig(run, broker.host, broker.port, tmp / run, deadline_s=60.0, seed=1),
+        CoordinatorConfig(
+            run,
+            "loopback" if loopback else broker.host,
+            0 if loopback else broker.port,
+            tmp / run,
+            deadline_s=60.0,
+            seed=1,
+        ),
         strategy,
         ensure_model("mlp_femnist"),
         eval_data,
+        **({"link_factory": broker.link} if loopback else {}),
     )
     coord.connect()
     return coord
@@ -39,12 +53,10 @@ def _coordinator(broker, eval_data, tmp: Path, run: str, strategy) -> Coordinato
         ("ifca", {"n_groups": 2, "clients_per_round": 6}),
     ],
 )
-def test_method_runs_over_mqtt(broker, femnist_eval, tmp_path, name: str, params: dict) -> None:  # type: ignore[type-arg]
+def test_method_runs_on_boards(femnist_eval, tmp_path, name: str, params: dict) -> None:  # type: ignore[type-arg]
     root = femnist_root()
     run = f"m-{name.replace('_', '')}"
-    with start_fleet(
-        root, leaf_writers(root, 6), run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "logs"
-    ):
+    with loopback_fleet(root, leaf_writers(root, 6), run=run, state_dir=tmp_path / "agents") as broker:
         coord = _coordinator(broker, femnist_eval, tmp_path, run, make_strategy(name, train=TRAIN, **params))
         coord.wait_for_devices(6, 120)
         coord.measure_rtt()
@@ -61,6 +73,7 @@ def test_method_runs_over_mqtt(broker, femnist_eval, tmp_path, name: str, params
         assert len(coord.strategy.group_models) == 2
 
 
+@pytest.mark.broker
 def test_flexcfl_over_mqtt_with_a_newcomer_and_a_migration(broker, femnist_eval, tmp_path) -> None:
     root = femnist_root()
     run = "m-flexcfl"
