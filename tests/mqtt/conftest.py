@@ -16,6 +16,7 @@ import pytest
 from device.data import Dataset, read_leaf
 from device.mqtt import MqttLink
 from device.protocol import Topics, decode_message, parse_frame
+from device.transport import Link
 from server.loopback import LoopbackBroker
 
 
@@ -112,14 +113,17 @@ def observe(broker) -> Iterator:  # type: ignore[type-arg]
         obs.stop()
 
 
-def register_silent_device(broker, run: str, device_id: str) -> MqttLink:  # type: ignore[no-untyped-def]
+def register_silent_device(broker, run: str, device_id: str) -> Link:  # type: ignore[no-untyped-def]
     """A device that registers with a FEMNIST writer's counts and answers pings (so it
     passes admission), but never trains: it misses every deadline. Close the link to
-    make it leave."""
+    make it leave. ``broker``: mosquitto's handle, or a LoopbackBroker."""
     from device.data import class_counts
     from device.protocol import Message, Ping, Pong, Register
 
-    link = MqttLink(f"silent-{device_id}", broker.host, broker.port, clean_session=True)
+    if isinstance(broker, LoopbackBroker):
+        link: Link = broker.link(f"silent-{device_id}")
+    else:
+        link = MqttLink(f"silent-{device_id}", broker.host, broker.port, clean_session=True)
     link.connect(10)
     topics = Topics(run)
     link.subscribe(topics.inbox(device_id))
@@ -142,6 +146,14 @@ def femnist_root() -> Path:
     from covey.paths import femnist_dir
 
     return femnist_dir()
+
+
+def where(broker) -> tuple[str, int, dict]:  # type: ignore[no-untyped-def, type-arg]
+    """``(host, port, coordinator keyword arguments)`` for a coordinator on ``broker``:
+    mosquitto's handle, or a LoopbackBroker (its links for ``link_factory``)."""
+    if isinstance(broker, LoopbackBroker):
+        return "loopback", 0, {"link_factory": broker.link}
+    return broker.host, broker.port, {}
 
 
 @contextmanager

@@ -6,40 +6,39 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from device.mqtt import MqttLink
+from device.transport import Link
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
-from tests.mqtt.conftest import femnist_root, register_silent_device
+from tests.mqtt.conftest import femnist_root, loopback_fleet, register_silent_device, where
 
-pytestmark = [pytest.mark.broker, pytest.mark.slow]
+pytestmark = [pytest.mark.slow]
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.01)
 
 
-def _register_ghost(broker, run: str) -> MqttLink:  # type: ignore[no-untyped-def]
+def _register_ghost(broker, run: str) -> Link:  # type: ignore[no-untyped-def]
     """A device that registers, answers its confirmation ping, and then never answers."""
     return register_silent_device(broker, run, "ghost")
 
 
 @pytest.mark.parametrize("handoff", ["direct", "relay"])
 @pytest.mark.parametrize("ghost_position", [0, 2])
-def test_a_silent_device_is_skipped_and_the_chain_goes_on(
-    broker, femnist_eval, tmp_path, handoff, ghost_position
-) -> None:
+def test_a_silent_device_is_skipped_and_the_chain_goes_on(femnist_eval, tmp_path, handoff, ghost_position) -> None:
+    """On the loopback broker: the coordinator's and the agents' own code, in this process."""
     from covey.paths import ensure_model
 
     root = femnist_root()
     run = f"ghost-{handoff}-{ghost_position}"
-    with start_fleet(
-        root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path / "logs"
-    ):
+    with loopback_fleet(root, leaf_writers(root, 4), run=run, state_dir=tmp_path / "agents") as broker:
+        host, port, link = where(broker)
         strategy = make_strategy("fedgsp", train=TRAIN, beta=1, kappa=1.0, growth="linear", alpha=0.0)
         coord = Coordinator(
-            CoordinatorConfig(run, broker.host, broker.port, tmp_path / "state", handoff=handoff, deadline_s=6.0),
+            CoordinatorConfig(run, host, port, tmp_path / "state", handoff=handoff, deadline_s=6.0),
             strategy,
             ensure_model("mlp_femnist"),
             femnist_eval,
+            **link,
         )
         coord.connect()
         ghost = _register_ghost(broker, run)
@@ -61,6 +60,7 @@ def test_a_silent_device_is_skipped_and_the_chain_goes_on(
     assert not np.array_equal(result.final_weights, start)  # the four real devices' work survived
 
 
+@pytest.mark.broker
 def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, femnist_eval, tmp_path) -> None:
     from covey.paths import ensure_model
 
@@ -97,6 +97,7 @@ def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, fe
     assert 0 < metrics.federated_accuracy <= 1
 
 
+@pytest.mark.broker
 def test_a_new_coordinator_on_the_standing_broker_adopts_the_devices(broker, femnist_eval, tmp_path) -> None:
     from covey.paths import ensure_model
 
