@@ -36,7 +36,8 @@ log = logging.getLogger("covey.server")
 # at most one clipped update (3 references); a server optimizer's step is larger (FedAdam
 # with η = 0.01 moved the FEMNIST MLP about 16 member references in a round).
 GUARD_FACTOR = 1000.0
-OFF = ScreeningConfig(norm_factor=GUARD_FACTOR, clip_factor=None, weight_cap=None)  # screening off: the guard
+# screening off: the guard's bound only
+OFF = ScreeningConfig(norm_factor=GUARD_FACTOR, clip_factor=None, hop_clip_factor=None, weight_cap=None)
 MODEL_GUARD = 10.0  # without a reference: at most ten times the model's own norm
 OVERCLAIM_REASON = "refused: sample count above registration"
 AGGREGATE_REASON = "refused: aggregate not finite or exploding"

@@ -12,7 +12,9 @@ reference fixed before the round starts, the same way as a parallel member's:
 * refused above ``norm_factor`` times the reference, or when not finite: the chain
   goes on from the member's input, as if the member had been silent (FedGSP Sec. 3.2's
   skip), and the member is not credited;
-* scaled down to ``clip_factor`` times the reference above that (norm clipping).
+* scaled down to ``hop_clip_factor`` times the reference above that (norm clipping;
+  tighter than a parallel member's ``clip_factor``, because the chain passes the
+  member's model on whole: :mod:`server.screening` says why).
 
 The reference is the lower median of the accepted per-member norms of the last
 ``history_rounds`` rounds (parallel members, and chains divided by the square root of
@@ -51,7 +53,8 @@ class HopBound:
     reference : the per-member update norm it is measured against (``nan``: none known;
         then only a non-finite hand-off, or one that moved more than
         :data:`~server.defense.MODEL_GUARD` times its start model's norm, is refused).
-    norm_factor, clip_factor : as :class:`~server.screening.ScreeningConfig`'s.
+    norm_factor : as :class:`~server.screening.ScreeningConfig`'s.
+    clip_factor : its ``hop_clip_factor``.
     """
 
     reference: float
@@ -97,4 +100,4 @@ def hop_bound(config: ScreeningConfig | None, past: dict[str, list[float]], serv
         values.append(float(server))
     enough = len(values) >= config.min_updates or server is not None
     reference = lower_median(values) if values and enough else float("nan")
-    return HopBound(reference, config.norm_factor, config.clip)
+    return HopBound(reference, config.norm_factor, config.hop_clip)

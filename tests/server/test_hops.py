@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from server.errors import StrategyError
 from server.hops import HopBound, hop_bound
 from server.screening import ScreeningConfig
 from tests.server.test_manager_chains import Chain, N
@@ -56,6 +57,19 @@ def test_the_reference_comes_from_past_rounds_and_the_server() -> None:
     past = {"member": [0.2, 0.3], "chain": [0.5, 9.0]}
     assert hop_bound(config, past, None).reference == 0.3  # lower median of four
     assert hop_bound(config, past, 0.4).reference == 0.4
+
+
+def test_a_hand_off_is_clipped_tighter_than_a_parallel_update() -> None:
+    """A chain passes each member's model on whole: its hand-offs are clipped at
+    ``hop_clip_factor`` (2 by default), a parallel member's update at ``clip_factor`` (3)."""
+    config = ScreeningConfig()
+    bound = hop_bound(config, {}, 1.0)
+    assert (bound.norm_factor, bound.clip_factor) == (10.0, 2.0)
+    out, verdict = bound.check(np.zeros(N, np.float32), np.full(N, 2.5 / np.sqrt(N), np.float32))
+    assert verdict == "clipped" and float(np.linalg.norm(out)) == pytest.approx(2.0, rel=1e-5)
+    assert hop_bound(ScreeningConfig(hop_clip_factor=3.0), {}, 1.0).clip_factor == 3.0
+    with pytest.raises(StrategyError, match="hop clip factor"):
+        ScreeningConfig(hop_clip_factor=0.5)
 
 
 def _relay_chain(bound: HopBound | None) -> Chain:
