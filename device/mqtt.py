@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import paho.mqtt.client as paho
 
 from device.errors import ConfigError, TransportError
-from device.receive_queue import Incoming, LaneOf, ReceiveQueue
+from device.receive_queue import Incoming, LaneOf, QueuedLink, ReceiveQueue
 
 __all__ = ["Incoming", "LaneOf", "MqttLink", "ReceiveQueue", "TlsFiles", "Will"]
 
@@ -130,7 +130,7 @@ class Will:
     retain: bool = True
 
 
-class MqttLink:
+class MqttLink(QueuedLink):
     """A connected MQTT client with a receive queue."""
 
     def __init__(
@@ -242,30 +242,6 @@ class MqttLink:
     def _on_message(self, client, userdata, msg) -> None:  # type: ignore[no-untyped-def]
         self._rx.offer(msg.topic, bytes(msg.payload), bool(msg.retain))
 
-    # -- the receive queue's counts and bounds (device/receive_queue.py) ---------------------
-    @property
-    def dropped(self) -> int:
-        """Messages lost to a full receive queue (the owner reports them)."""
-        return self._rx.dropped
-
-    @dropped.setter
-    def dropped(self, value: int) -> None:
-        self._rx.dropped = value
-
-    @property
-    def dropped_by_lane(self) -> dict[str, int]:
-        """Lane -> messages dropped because it was full."""
-        return self._rx.dropped_by_lane
-
-    @property
-    def lane_max_bytes(self) -> int | None:
-        """What one lane may hold; the owner may lower it once it knows its model's size."""
-        return self._rx.lane_max_bytes
-
-    @lane_max_bytes.setter
-    def lane_max_bytes(self, value: int | None) -> None:
-        self._rx.lane_max_bytes = value
-
     # -- API ----------------------------------------------------------------------------
     def connect(self, timeout: float = 10.0) -> None:
         """Connect within ``timeout`` seconds, else :class:`TransportError` saying why: the
@@ -374,9 +350,6 @@ class MqttLink:
                 if time.monotonic() > deadline:
                     raise TransportError(f"publish to {topic} not acknowledged within {wait:.0f} s")
                 time.sleep(0.001)
-
-    def receive(self, timeout: float) -> Incoming | None:
-        return self._rx.get(timeout)
 
     @property
     def connected(self) -> bool:

@@ -134,3 +134,36 @@ class ReceiveQueue:
                 if held[0] == 0:
                     del self._lanes[item.lane]
         return item
+
+
+class QueuedLink:
+    """What a link with a :class:`ReceiveQueue` (``self._rx``) offers its owner: the next
+    message, the drop counts, and the lanes' byte bound (which an owner may lower once
+    it knows its model's size). ``MqttLink`` and the loopback broker's links share it."""
+
+    _rx: ReceiveQueue
+
+    def receive(self, timeout: float) -> Incoming | None:
+        return self._rx.get(timeout)
+
+    @property
+    def dropped(self) -> int:
+        """Messages lost to a full receive queue (the owner reports them)."""
+        return self._rx.dropped
+
+    @dropped.setter
+    def dropped(self, value: int) -> None:
+        self._rx.dropped = value
+
+    @property
+    def dropped_by_lane(self) -> dict[str, int]:
+        """Lane -> messages dropped because it was full."""
+        return self._rx.dropped_by_lane
+
+    @property
+    def lane_max_bytes(self) -> int | None:
+        return self._rx.lane_max_bytes
+
+    @lane_max_bytes.setter
+    def lane_max_bytes(self, value: int | None) -> None:
+        self._rx.lane_max_bytes = value

@@ -26,7 +26,7 @@ from device.agent import Agent, AgentConfig
 from device.data import Dataset
 from device.errors import TransportError
 from device.mqtt import TlsFiles, Will
-from device.receive_queue import Incoming, LaneOf, ReceiveQueue
+from device.receive_queue import LaneOf, QueuedLink, ReceiveQueue
 
 log = logging.getLogger("covey.server")
 
@@ -115,7 +115,7 @@ class LoopbackBroker:
             link._rx.offer(topic, payload, True)
 
 
-class LoopbackLink:
+class LoopbackLink(QueuedLink):
     """One client of a :class:`LoopbackBroker`, with ``MqttLink``'s surface."""
 
     def __init__(self, broker: LoopbackBroker, client_id: str, rx: ReceiveQueue, will: Will | None) -> None:
@@ -163,32 +163,9 @@ class LoopbackLink:
             return  # as paho with no connection and no queue: lost
         self.broker.publish(topic, bytes(payload), retain=retain)
 
-    def receive(self, timeout: float) -> Incoming | None:
-        return self._rx.get(timeout)
-
     @property
     def connected(self) -> bool:
         return self._connected
-
-    @property
-    def dropped(self) -> int:
-        return self._rx.dropped
-
-    @dropped.setter
-    def dropped(self, value: int) -> None:
-        self._rx.dropped = value
-
-    @property
-    def dropped_by_lane(self) -> dict[str, int]:
-        return self._rx.dropped_by_lane
-
-    @property
-    def lane_max_bytes(self) -> int | None:
-        return self._rx.lane_max_bytes
-
-    @lane_max_bytes.setter
-    def lane_max_bytes(self, value: int | None) -> None:
-        self._rx.lane_max_bytes = value
 
     def close(self) -> None:
         """Leave gracefully (no will), as ``MqttLink.close``; never raises."""

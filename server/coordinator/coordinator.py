@@ -623,6 +623,22 @@ class Coordinator:
         )
         return record
 
+    def run_rounds(self, n_devices: int, rounds: int, *, register_timeout: float = 120.0) -> list[RoundRecord]:
+        """A whole run without a user in front of it (harnesses, benchmarks): connect,
+        wait for ``n_devices``, set the strategy up, ``rounds`` rounds, stop the devices;
+        the link is closed however it ends. ``covey server run`` adds resume, link
+        measurement, progress and results files around the same steps (server/serve.py)."""
+        try:
+            self.connect()
+            self.wait_for_devices(n_devices, timeout=register_timeout)
+            self.setup_strategy()
+            self.driver.last_round = rounds
+            records = [self.step() for _ in range(rounds)]
+            self.stop_devices()
+            return records
+        finally:
+            self.close()
+
     def _acknowledge(self) -> None:
         for device, task_ids in self.execution.task_ids().items():
             msg = Message.of(Ack(tuple(task_ids)), run=self.cfg.run, sender=SERVER_ID, round=self.round)

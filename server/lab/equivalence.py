@@ -117,16 +117,7 @@ def run_both(
             device_ids=ids,
             scripts=dict(silent or {}),
         ):
-            coord = Coordinator(config, mqtt_strategy, model_path)
-            try:
-                coord.connect()
-                coord.wait_for_devices(n_devices, timeout=120)
-                coord.setup_strategy()
-                coord.driver.last_round = rounds
-                mqtt_records = [coord.step() for _ in range(rounds)]
-                coord.stop_devices()
-            finally:
-                coord.close()
+            mqtt_records = Coordinator(config, mqtt_strategy, model_path).run_rounds(n_devices, rounds)
 
     pairs = list(zip(_models(sim_strategy), _models(mqtt_strategy), strict=True))
     diff = max(float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs)
@@ -147,14 +138,4 @@ def run_loopback(
     broker = LoopbackBroker()
     devices = {d: (data.train, data.test) for d, data in federation.items()}
     with LoopbackFleet(broker, devices, run=config.run, state_dir=work / "agents"):
-        coord = Coordinator(config, strategy, model_path, link_factory=broker.link)
-        try:
-            coord.connect()
-            coord.wait_for_devices(len(devices), timeout=120)
-            coord.setup_strategy()
-            coord.driver.last_round = rounds
-            records = [coord.step() for _ in range(rounds)]
-            coord.stop_devices()
-        finally:
-            coord.close()
-    return records
+        return Coordinator(config, strategy, model_path, link_factory=broker.link).run_rounds(len(devices), rounds)

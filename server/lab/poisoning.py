@@ -128,14 +128,6 @@ def on_boards(
             model_path,
             eval_data,
         )
-        try:
-            coord.connect()
-            coord.wait_for_devices(n_devices, timeout=180)
-            coord.setup_strategy()
-            coord.driver.last_round = rounds
-            records = [coord.step() for _ in range(rounds)]
-            coord.stop_devices()
-        finally:
-            coord.close()
+        records = coord.run_rounds(n_devices, rounds, register_timeout=180)
     assert strategy.global_weights is not None
     return Outcome(records, strategy.global_weights.copy())
