@@ -10,7 +10,12 @@ federated accuracies:
 ``figure sim_mqtt_max_abs_diff_<strategy> = ...``
 ``figure sim_mqtt_acc_diff_<strategy> = ...``
 
-Usage: ``python bench/equivalence.py [--rounds 5] [--devices 8] [--model mlp_femnist]``
+With ``--boards loopback``, the boards are the same coordinator and agent code in this
+process over the loopback broker (``server/loopback.py``), and the figures are
+``sim_loopback_max_abs_diff_<strategy>`` and ``sim_loopback_acc_diff_<strategy>``,
+with each case's wall time beside them, ``sim_loopback_s_<strategy>``.
+
+Usage: ``python bench/equivalence.py [--rounds 5] [--devices 8] [--model mlp_femnist] [--boards mosquitto|loopback]``
 """
 
 from __future__ import annotations
@@ -47,36 +52,44 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--devices", type=int, default=8)
     parser.add_argument("--model", default="mlp_femnist")
+    parser.add_argument("--boards", choices=("mosquitto", "loopback"), default="mosquitto")
     args = parser.parse_args()
+
+    import contextlib
 
     from server.broker import start_mosquitto
     from server.lab.equivalence import run_both
     from server.paths import ensure_model, femnist_dir
 
     model = ensure_model(args.model)
-    with start_mosquitto() as broker, tempfile.TemporaryDirectory() as tmp:
+    loopback = args.boards == "loopback"
+    tag = "sim_loopback" if loopback else "sim_mqtt"
+    with contextlib.nullcontext() if loopback else start_mosquitto() as broker, tempfile.TemporaryDirectory() as tmp:
         for name, (handoff, make) in cases(args.devices).items():
             start = time.perf_counter()
             result = run_both(
                 make,  # type: ignore[arg-type]
                 root=femnist_dir(),
                 model_path=model,
-                host=broker.host,
-                port=broker.port,
+                host=broker.host if broker is not None else "loopback",
+                port=broker.port if broker is not None else 0,
                 work=Path(tmp) / name,
                 run=f"bench-eq-{name.replace('_', '')}",
                 rounds=args.rounds,
                 n_devices=args.devices,
                 handoff=handoff,
+                boards="loopback" if loopback else "mqtt",
             )
+            seconds = time.perf_counter() - start
             accs = ", ".join(f"{r.federated_accuracy:.4f}" for r in result.mqtt)
             print(
-                f"# {name}: {result.rounds} rounds, federated accuracy per round {accs} "
-                f"({time.perf_counter() - start:.0f} s)",
+                f"# {name}: {result.rounds} rounds, federated accuracy per round {accs} ({seconds:.0f} s)",
                 flush=True,
             )
-            print(f"figure sim_mqtt_max_abs_diff_{name} = {result.max_abs_diff:.3g}", flush=True)
-            print(f"figure sim_mqtt_acc_diff_{name} = {result.accuracy_diff:.3g}", flush=True)
+            print(f"figure {tag}_max_abs_diff_{name} = {result.max_abs_diff:.3g}", flush=True)
+            print(f"figure {tag}_acc_diff_{name} = {result.accuracy_diff:.3g}", flush=True)
+            if loopback:
+                print(f"figure {tag}_s_{name} = {seconds:.1f}", flush=True)
     return 0
 
 
