@@ -1,6 +1,7 @@
 """The coordinator's checkpoints and round journal.
 
-After every round: the round, the registry, the records and the strategy (JSON + npz,
+After every round: the round, the registry, the records, the strategy and the
+screening history (the accepted update norms its reference comes from) (JSON + npz,
 no pickle, written atomically). Right after planning a round: the *journal* — the
 plan, its task ids' prefix and the strategy as planning left it — so a coordinator
 resumed after a crash finishes that very round with the same task ids: devices that
@@ -59,6 +60,7 @@ class Persistence:
             "strategy": self.driver.strategy,
             "devices": self.registry.devices,
             "records": records_as_dicts(self.driver.records),
+            "screening_history": self.driver.screening_history(),
         }
 
     def checkpoint(self) -> None:
@@ -92,7 +94,7 @@ class Persistence:
             return None
         self.registry.devices.update(source.get("devices", {}))  # devices registered before the restart
         records = [record_from_dict(r) for r in source.get("records", [])]
-        self.driver.resume(done, records, int(source.get("model_bytes", 0)))
+        self.driver.resume(done, records, int(source.get("model_bytes", 0)), source.get("screening_history"))
         self.driver.strategy = source["strategy"]
         resumed = Resumed(done)
         if journal is not None:
