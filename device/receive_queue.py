@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 log = logging.getLogger("device.mqtt")
+QUEUE_FULL = "%s: receive queue full (%d); dropping messages"
+QUEUE_ROOM = "%s: receive queue has room again; %d message(s) dropped"
 
 
 @dataclass(frozen=True)
@@ -72,38 +74,49 @@ class ReceiveQueue:
         self._lane_bursts: dict[str, int] = {}
 
     def offer(self, topic: str, payload: bytes, retain: bool) -> None:
-        """Queue a message, or drop and count it (never blocks)."""
+        """Queue a message, or drop and count it (never blocks). Safe from any number of
+        delivering threads: counts change under the lock, log lines are written after."""
         size = len(payload)
         lane = self.lane_of(topic) if self.lane_of is not None else None
-        try:
-            with self._lock:
-                if lane is not None:
-                    held = self._lanes.setdefault(lane, [0, 0])
-                    over_bytes = self.lane_max_bytes is not None and held[1] + size > self.lane_max_bytes
-                    if held[0] >= self.lane_max_messages or over_bytes:
-                        self._lane_full(lane)
-                        return
-                if self.max_queue_bytes is not None and self._queued_bytes + size > self.max_queue_bytes:
-                    raise queue.Full
-                self._queue.put_nowait(Incoming(topic, payload, retain, time.monotonic(), lane))
-                self._queued_bytes += size
-                if lane is not None:
-                    held[0] += 1
-                    held[1] += size
-        except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
-            self.dropped += 1
-            self._burst += 1
-            if self._burst == 1:
-                log.warning("%s: receive queue full (%d); dropping messages", self.name, self._queue.maxsize)
-            return
-        if self._burst:
-            log.warning("%s: receive queue has room again; %d message(s) dropped", self.name, self._burst)
-            self._burst = 0
-        if lane is not None and self._lane_bursts.get(lane):
-            n = self._lane_bursts.pop(lane)
-            log.warning("%s: lane %s has room again; %d of its message(s) dropped", self.name, lane, n)
+        lines: list[tuple[str, tuple[object, ...]]] = []
+        with self._lock:
+            if lane is not None:
+                held = self._lanes.setdefault(lane, [0, 0])
+                over_bytes = self.lane_max_bytes is not None and held[1] + size > self.lane_max_bytes
+                if held[0] >= self.lane_max_messages or over_bytes:
+                    self._lane_full(lane, lines)
+                    lane = None  # dropped: nothing more to note
+                    size = -1
+            if size >= 0:
+                fits = self.max_queue_bytes is None or self._queued_bytes + size <= self.max_queue_bytes
+                try:
+                    if not fits:
+                        raise queue.Full
+                    self._queue.put_nowait(Incoming(topic, payload, retain, time.monotonic(), lane))
+                except queue.Full:  # counted in `dropped`; logged when a burst starts and when it ends
+                    self.dropped += 1
+                    self._burst += 1
+                    if self._burst == 1:
+                        lines.append(
+                            ("%s: receive queue full (%d); dropping messages", (self.name, self._queue.maxsize))
+                        )
+                else:
+                    self._queued_bytes += size
+                    if lane is not None:
+                        held[0] += 1
+                        held[1] += size
+                    if self._burst:
+                        lines.append(
+                            ("%s: receive queue has room again; %d message(s) dropped", (self.name, self._burst))
+                        )
+                        self._burst = 0
+                    if lane is not None and self._lane_bursts.get(lane):
+                        n = self._lane_bursts.pop(lane)
+                        lines.append(("%s: lane %s has room again; %d of its message(s) dropped", (self.name, lane, n)))
+        for line, args in lines:
+            log.warning(line, *args)
 
-    def _lane_full(self, lane: str) -> None:
+    def _lane_full(self, lane: str, lines: list[tuple[str, tuple[object, ...]]]) -> None:
         """Count a message dropped because its lane is full (the lock is held); one log
         line when a burst starts and one with its count when the lane has room again."""
         self.dropped_by_lane[lane] = self.dropped_by_lane.get(lane, 0) + 1
@@ -111,12 +124,11 @@ class ReceiveQueue:
         if len(self._lane_bursts) < 1024 or lane in self._lane_bursts:
             self._lane_bursts[lane] = burst
         if burst == 1:
-            log.warning(
-                "%s: lane %s holds %d messages or %s bytes already; dropping its messages",
-                self.name,
-                lane,
-                self.lane_max_messages,
-                self.lane_max_bytes,
+            lines.append(
+                (
+                    "%s: lane %s holds %d messages or %s bytes already; dropping its messages",
+                    (self.name, lane, self.lane_max_messages, self.lane_max_bytes),
+                )
             )
 
     def get(self, timeout: float) -> Incoming | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -72,6 +72,18 @@ class Defense:
     # -- 2. screening -------------------------------------------------------------------
     def past(self) -> dict[str, list[float]]:
         return {kind: [v for rnd in rounds for v in rnd] for kind, rounds in self.history.items()}
+
+    def history_state(self) -> dict[str, list[list[float]]]:
+        """The accepted norms of the last rounds, per kind, for a checkpoint: a resumed
+        run screens its next round against the same reference as one never stopped."""
+        return {kind: [[float(v) for v in rnd] for rnd in rounds] for kind, rounds in self.history.items()}
+
+    def restore_history(self, state: Mapping[str, Sequence[Sequence[float]]]) -> None:
+        """Take back :meth:`history_state`'s output (kinds it does not know are ignored)."""
+        for kind, rounds in state.items():
+            if kind in self.history:
+                self.history[kind].clear()
+                self.history[kind].extend([float(v) for v in rnd] for rnd in rounds)
 
     def server_norm(self, plan: RoundPlan, seed: int, clients: Sequence[ClientInfo]) -> float | None:
         """The server's update norm from the plan's first start model, as large as the

@@ -11,8 +11,13 @@ coordinator run on it unchanged: ``Agent(..., link_factory=broker.link)`` and
 
 What it does not model: a network (delivery is immediate, in publish order per
 publisher), ACLs and passwords (anyone may publish anything), QoS (nothing is lost but
-what a full receive queue drops), sessions across reconnects, and packet size limits.
-Tests of those run a real mosquitto.
+what a full receive queue drops), persistent sessions (what arrives for a disconnected
+client is lost, not queued), packet size limits, and a client id taken over: the link
+that lost its session stays down, where paho would reconnect and the two would take
+turns (mosquitto may also publish the old connection's will). Like paho, a link
+queues what it publishes while disconnected and sends it on reconnecting, and gets the
+retained messages of its subscriptions again. Tests of those behaviours run a real
+mosquitto.
 """
 
 from __future__ import annotations
@@ -81,16 +86,26 @@ class LoopbackBroker:
         )
         return LoopbackLink(self, client_id, rx, will)
 
-    # -- what links do -------------------------------------------------------------------------
+    # -- what links do (every change and every delivery under the one lock: as mosquitto,
+    # which handles one packet at a time, a new subscriber's retained copy can never
+    # arrive after a newer live message; ReceiveQueue.offer never blocks) --------------------
     def _connect(self, link: LoopbackLink) -> None:
         with self._lock:
             old = self._links.get(link.client_id)
             self._links[link.client_id] = link
-        if old is not None and old is not link:  # as MQTT: the same client id takes the session over
-            old._taken_over()
+            if old is not None and old is not link:  # the same client id takes the session over
+                old._connected = False
+                old.disconnects += 1
+            link._connected = True
+            link.connections += 1
+            self._deliver_retained(link, tuple(link._subscriptions))  # resubscribed, as MqttLink does
+            pending, link._pending = link._pending, []
+        for topic, payload, retain in pending:  # what paho queued while the link was down
+            self.publish(topic, payload, retain=retain)
 
     def _disconnect(self, link: LoopbackLink, *, graceful: bool) -> None:
         with self._lock:
+            link._connected = False
             if self._links.get(link.client_id) is link:
                 del self._links[link.client_id]
         if not graceful and link.will is not None:
@@ -103,27 +118,37 @@ class LoopbackBroker:
                     self._retained[topic] = payload
                 else:
                     self._retained.pop(topic, None)
-            receivers = [link for link in self._links.values() if link._wants(topic)]
-        for link in receivers:
-            link._rx.offer(topic, payload, False)
+            for link in self._links.values():
+                if link._connected and any(topic_matches(f, topic) for f in link._subscriptions):
+                    link._rx.offer(topic, payload, False)
 
-    def _subscribed(self, link: LoopbackLink, patterns: tuple[str, ...]) -> None:
-        """Hand ``link`` the retained messages its new ``patterns`` match."""
+    def _subscribe(self, link: LoopbackLink, patterns: tuple[str, ...]) -> None:
         with self._lock:
-            retained = [(t, p) for t, p in self._retained.items() if any(topic_matches(f, t) for f in patterns)]
-        for topic, payload in retained:
-            link._rx.offer(topic, payload, True)
+            link._subscriptions.update(patterns)
+            if link._connected:
+                self._deliver_retained(link, patterns)
+
+    def _unsubscribe(self, link: LoopbackLink, patterns: tuple[str, ...]) -> None:
+        with self._lock:
+            link._subscriptions.difference_update(patterns)
+
+    def _deliver_retained(self, link: LoopbackLink, patterns: tuple[str, ...]) -> None:
+        """Hand ``link`` the retained messages ``patterns`` match (the lock is held)."""
+        for topic, payload in self._retained.items():
+            if any(topic_matches(f, topic) for f in patterns):
+                link._rx.offer(topic, payload, True)
 
 
 class LoopbackLink(QueuedLink):
-    """One client of a :class:`LoopbackBroker`, with ``MqttLink``'s surface."""
+    """One client of a :class:`LoopbackBroker`, with ``MqttLink``'s surface. Its state is
+    the broker's to change, under the broker's lock."""
 
     def __init__(self, broker: LoopbackBroker, client_id: str, rx: ReceiveQueue, will: Will | None) -> None:
         self.broker, self.client_id, self._rx, self.will = broker, client_id, rx, will
         self.connections = 0
         self.disconnects = 0
         self._subscriptions: set[str] = set()
-        self._lock = threading.Lock()
+        self._pending: list[tuple[str, bytes, bool]] = []  # published while disconnected
         self._connected = False
         self._closed = False
 
@@ -131,36 +156,24 @@ class LoopbackLink(QueuedLink):
         if self._closed:
             raise TransportError(f"{self.client_id}: the link was closed")
         self.broker._connect(self)
-        self._connected = True
-        self.connections += 1
-
-    def _taken_over(self) -> None:
-        self._connected = False
-        self.disconnects += 1
-
-    def _wants(self, topic: str) -> bool:
-        with self._lock:
-            return self._connected and any(topic_matches(f, topic) for f in self._subscriptions)
 
     def subscribe(self, *topics: str, wait: float | None = None) -> None:
         if not topics:
             return
         if wait is not None and not self._connected:
             raise TransportError(f"subscribing to {list(topics)} failed (not connected)")
-        with self._lock:
-            self._subscriptions.update(topics)
-        if self._connected:
-            self.broker._subscribed(self, topics)
+        self.broker._subscribe(self, topics)
 
     def unsubscribe(self, *topics: str) -> None:
-        with self._lock:
-            self._subscriptions.difference_update(topics)
+        self.broker._unsubscribe(self, topics)
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False, wait: float | None = None) -> None:
         if not self._connected:
             if wait is not None:
                 raise TransportError(f"publish to {topic} not acknowledged: not connected to the loopback broker")
-            return  # as paho with no connection and no queue: lost
+            if not self._closed:  # as paho: queued, and sent when the link connects again
+                self._pending.append((topic, bytes(payload), retain))
+            return
         self.broker.publish(topic, bytes(payload), retain=retain)
 
     @property
@@ -172,14 +185,13 @@ class LoopbackLink(QueuedLink):
         if self._closed:
             return
         self._closed = True
+        self._pending.clear()
         if self._connected:
-            self._connected = False
             self.broker._disconnect(self, graceful=True)
 
     def drop(self) -> None:
         """Vanish without closing: the broker publishes the will (a board switched off)."""
         if self._connected:
-            self._connected = False
             self.disconnects += 1
             self.broker._disconnect(self, graceful=False)
 

@@ -274,10 +274,24 @@ class RoundDriver:
     def _weight_cap(self) -> float | None:
         return self.screening.weight_cap if self.screening is not None else None
 
-    def resume(self, rnd: int, records: Sequence[RoundRecord], model_bytes: int) -> None:
-        """Continue after round ``rnd`` (the strategy was restored from a checkpoint)."""
+    def resume(
+        self,
+        rnd: int,
+        records: Sequence[RoundRecord],
+        model_bytes: int,
+        screening_history: Mapping[str, Sequence[Sequence[float]]] | None = None,
+    ) -> None:
+        """Continue after round ``rnd`` (the strategy was restored from a checkpoint), with
+        the screening history :meth:`screening_history` gave then (None: none kept, so
+        the bounds start again from the server's own update, or from nothing)."""
         self.rnd, self.records, self.model_bytes = rnd, list(records), model_bytes
+        if screening_history is not None:
+            self.defense.restore_history(screening_history)
         self._configure_strategy()
+
+    def screening_history(self) -> dict[str, list[list[float]]]:
+        """The accepted update norms screening keeps, for a checkpoint."""
+        return self.defense.history_state()
 
     def _configure_strategy(self) -> None:
         """The aggregation rule is the run's setting, not the strategy's state."""

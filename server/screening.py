@@ -74,7 +74,8 @@ class ScreeningConfig:
     clip_factor : scale an update above this many times the reference down to it
         (``None``: no clipping). At least 1, at most ``norm_factor``.
     hop_clip_factor : the same for one member's update inside a relayed chain
-        (:mod:`server.hops`); tighter, because a chain passes each hand-off on whole.
+        (:mod:`server.hops`); by default tighter than ``clip_factor``, because a chain
+        passes each hand-off on whole (any value from 1 to ``norm_factor`` is allowed).
     min_updates : entries the reference needs before the bounds apply (>= 3), unless
         the server's own update is one of them.
     history_rounds : past rounds whose accepted norms join the reference (>= 0).

@@ -92,7 +92,8 @@ class DeviceBus:
     model_bytes : one float32 model, the largest payload of the run.
     will : what the broker publishes when the coordinator vanishes (its stopped status).
     registered : the registry's devices; drops are held against these only (any id can be
-        written on an open broker), and frames are reassembled from these only.
+        written on an open broker). (Which senders' frames are reassembled at all is the
+        coordinator's call: ``Registry.known`` before :meth:`reassemble`.)
     link_factory : how to reach the broker (``MqttLink``; an in-process broker's links
         in ``server/loopback.py``).
     """

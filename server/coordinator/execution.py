@@ -1,8 +1,8 @@
 """Running one round's plan on boards: a group manager per planned group.
 
 Each group's hand-off mode is chosen here (``direct``, ``relay``, alternating
-``mixed`` for tests, or ``auto``: relay for a group with a device that cannot publish
-to its peers or whose measured RTT exceeds ``relay_rtt_ms``). Every member's
+``mixed`` for tests, or ``auto``, which relays every chain so that its manager can
+screen each hand-off, ``server/hops.py``). Every member's
 assignment is published retained; the managers send requests and models, and the
 coordinator's receive loop feeds them results until every group is done or its
 deadline passed. When the round driver plans a round again (every sampled device

@@ -1,6 +1,7 @@
 """The coordinator's checkpoints and round journal.
 
-After every round: the round, the registry, the records and the strategy (JSON + npz,
+After every round: the round, the registry, the records, the strategy and the
+screening history (the accepted update norms its reference comes from) (JSON + npz,
 no pickle, written atomically). Right after planning a round: the *journal* — the
 plan, its task ids' prefix and the strategy as planning left it — so a coordinator
 resumed after a crash finishes that very round with the same task ids: devices that
@@ -14,11 +15,13 @@ a saved state back into them and says what is left to do.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from device.errors import ConfigError
 from server.coordinator import checkpoint
 from server.coordinator.registry import Registry
 from server.rounds import RoundDriver, record_from_dict, records_as_dicts
@@ -59,10 +62,12 @@ class Persistence:
             "strategy": self.driver.strategy,
             "devices": self.registry.devices,
             "records": records_as_dicts(self.driver.records),
+            "screening_history": self.driver.screening_history(),
         }
 
     def checkpoint(self) -> None:
-        """Round, registry, records and the strategy's state (JSON + npz, no pickle)."""
+        """Round, registry, records, the strategy's state and the screening history
+        (JSON + npz, no pickle)."""
         checkpoint.save(self._state(), self.state_dir)
         checkpoint.remove(self.state_dir, "journal")
 
@@ -92,11 +97,32 @@ class Persistence:
             return None
         self.registry.devices.update(source.get("devices", {}))  # devices registered before the restart
         records = [record_from_dict(r) for r in source.get("records", [])]
-        self.driver.resume(done, records, int(source.get("model_bytes", 0)))
-        self.driver.strategy = source["strategy"]
+        # the strategy first: resume() applies this run's aggregation setting to it
+        self.driver.strategy = (journal if journal is not None else source)["strategy"]
+        history = _screening_history(source.get("screening_history"))
+        self.driver.resume(done, records, int(source.get("model_bytes", 0)), history)
         resumed = Resumed(done)
         if journal is not None:
-            self.driver.strategy = journal["strategy"]
             resumed = Resumed(done, journal["plan"], str(journal["task_prefix"]))
         log.info("resumed after round %d%s", done, f"; finishing round {done + 1}" if journal is not None else "")
         return resumed
+
+
+def _screening_history(raw: object) -> dict[str, list[list[float]]] | None:
+    """A checkpoint's screening history, checked: kind -> rounds -> finite norms."""
+    if raw is None:
+        return None  # a checkpoint from before the history was kept
+
+    def norm(v: object) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ConfigError(f"malformed checkpoint: screening history holds {v!r}, not an update norm")
+        return float(v)
+
+    if not isinstance(raw, dict) or not all(isinstance(r, list) for r in raw.values()):
+        raise ConfigError("malformed checkpoint: the screening history is not kind -> rounds of norms")
+    out: dict[str, list[list[float]]] = {}
+    for kind, rounds in raw.items():
+        if not all(isinstance(r, list) for r in rounds):
+            raise ConfigError(f"malformed checkpoint: screening history {kind!r} is not a list of rounds")
+        out[str(kind)] = [[norm(v) for v in r] for r in rounds]
+    return out

@@ -80,6 +80,7 @@ def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, fe
         first.step()
         first.step()
         weights = first.strategy.global_weights.copy()
+        history = first.driver.screening_history()
         first.close()  # the server "crashes" after round 2
 
         second = Coordinator(config, make_strategy("fedavg", train=TRAIN, clients_per_round=4), model, femnist_eval)
@@ -87,6 +88,8 @@ def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, fe
         assert second.resume()
         assert second.round == 2
         np.testing.assert_array_equal(second.strategy.global_weights, weights)
+        assert second.driver.screening_history() == history  # screened against the same reference
+        assert any(history.values())
         second.wait_for_devices(4, 60)
         metrics = second.step()
         second.stop_devices()

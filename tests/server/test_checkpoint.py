@@ -1,4 +1,5 @@
-"""Checkpoints round-trip every strategy's state without pickle, and refuse foreign ones."""
+"""Checkpoints round-trip every strategy's state and the screening history without
+pickle, and refuse foreign ones."""
 
 from __future__ import annotations
 
@@ -25,16 +26,17 @@ def test_strategy_state_round_trips_and_training_continues_identically(zoo_model
     a = Simulation(make_strategy(name, train=TRAIN, **params), fed, zoo_model("mclr_synthetic"), seed=3)
     a.step()
     a.step()
-    checkpoint.save({"round": 2, "strategy": a.strategy}, tmp_path)
+    checkpoint.save({"round": 2, "strategy": a.strategy, "screening": a.driver.screening_history()}, tmp_path)
     restored = checkpoint.load(tmp_path)
     assert restored is not None and restored["round"] == 2
 
-    # a fresh engine, as after a restart, continues with the restored strategy
+    # a fresh engine, as after a restart, continues with the restored strategy and screens
+    # against the same reference (the accepted norms of the last rounds)
     b = Simulation(
         make_strategy(name, train=TRAIN, **params), synthetic(1, 1, 20, seed=2), zoo_model("mclr_synthetic"), seed=3
     )
     b.strategy = b.driver.strategy = restored["strategy"]
-    b.driver.resume(2, [], a.driver.model_bytes)
+    b.driver.resume(2, [], a.driver.model_bytes, restored["screening"])
     b.devices.seen = set(a.devices.seen)
     ra, rb = a.step(), b.step()
     assert ra.federated_accuracy == rb.federated_accuracy

@@ -113,3 +113,28 @@ def test_a_flood_on_one_lane_is_dropped_and_counted_while_others_get_through() -
     got = [receiver.receive(0.05) for _ in range(6)]
     assert [g.topic.split("/")[3] for g in got if g is not None] == ["bad"] * 5 + ["good"]
     assert receiver.dropped_by_lane == {"bad": 45}
+
+
+def test_a_link_sends_what_it_published_while_down_and_gets_retained_messages_again() -> None:
+    # Prepare: a device that lost the broker; the server's status is retained
+    broker = LoopbackBroker()
+    server, device = broker.link("server"), broker.link("device", will=Will("covey/r/from/d1/status", b"offline"))
+    server.connect()
+    server.subscribe("covey/r/from/+/results", "covey/r/from/+/status")
+    server.publish("covey/r/server/status", b"running", retain=True)
+    device.connect()
+    device.subscribe("covey/r/server/status")
+    assert device.receive(0.1) is not None  # the retained status
+    device.drop()
+    assert server.receive(0.1).payload == b"offline"  # type: ignore[union-attr]
+
+    # Execute: it publishes while down (queued, as paho does), then reconnects
+    device.publish("covey/r/from/d1/results", b"held result")
+    device.connect()
+
+    # Assert: the queued message went out, and the retained status came again
+    sent = server.receive(0.1)
+    assert sent is not None and sent.payload == b"held result"
+    again = device.receive(0.1)
+    assert again is not None and again.payload == b"running" and again.retain
+    assert device.connections == 2
