@@ -145,15 +145,17 @@ def accuracy_part(args: argparse.Namespace) -> None:
         plain = simulate(make, None, args)
         costs[name] = plain - clean
         absent = simulate(make, ABSENT, args)
+        absent_off = simulate(make, Attack("absent_off", ABSENT.faults, None), args)  # the same, screening off
         print(f"{name}: clean {clean:.1f} %, plain means {plain:.1f} %, without the insider {absent:.1f} %", flush=True)
         for attack in ATTACKS:
             started = time.monotonic()
             acc = simulate(make, attack, args)
-            # against the clean run of the same configuration: with screening off, the
-            # plain means (what screening itself adds is insider_clean_acc_cost_pts)
-            base = clean if attack.screening is not None else plain
+            # against the clean run and the insider's absence in the same configuration:
+            # with screening off, plain means (what screening itself adds is
+            # insider_clean_acc_cost_pts)
+            base, gone = (clean, absent) if attack.screening is not None else (plain, absent_off)
             drops[f"{name}_{attack.name}"] = base - acc
-            beyond[f"{name}_{attack.name}"] = absent - acc
+            beyond[f"{name}_{attack.name}"] = gone - acc
             print(f"  {attack.name:22s} {acc:5.1f} %  ({acc - base:+.1f} pts, {time.monotonic() - started:.0f} s)")
     worst = max(drops, key=lambda k: drops[k])
     print(f"worst attack: {worst} ({drops[worst]:.1f} pts)")
