@@ -168,11 +168,13 @@ class LoopbackLink(QueuedLink):
         self.broker._unsubscribe(self, topics)
 
     def publish(self, topic: str, payload: bytes, *, retain: bool = False, wait: float | None = None) -> None:
-        if not self._connected:
+        with self.broker._lock:  # _connect swaps _pending under this lock: nothing queued is lost
+            connected = self._connected
+            if not connected and wait is None and not self._closed:
+                self._pending.append((topic, bytes(payload), retain))  # as paho: sent on reconnecting
+        if not connected:
             if wait is not None:
                 raise TransportError(f"publish to {topic} not acknowledged: not connected to the loopback broker")
-            if not self._closed:  # as paho: queued, and sent when the link connects again
-                self._pending.append((topic, bytes(payload), retain))
             return
         self.broker.publish(topic, bytes(payload), retain=retain)
 
