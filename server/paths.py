@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 from pathlib import Path
@@ -48,11 +49,18 @@ def models_source_hash() -> str:
 
 
 def ensure_model(name: str, seed: int = 0) -> Path:
-    """Path of the zoo model ``name``, building it (TensorFlow needed) if not cached."""
+    """Path of the zoo model ``name``, building it (TensorFlow needed) if not cached.
+
+    Processes that ask at once (two commands on a fresh cache, the test suite's
+    workers) take turns on a lock file beside the model: one builds, the others then
+    find it built, never half written."""
     out = cache_dir() / "zoo" / f"{models_source_hash()}-seed{seed}"
     model_path = out / f"{name}.tflite"
-    if not model_path.exists() or not model_path.with_suffix(".json").exists():
-        from models.export import build
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not model_path.exists() or not model_path.with_suffix(".json").exists():
+            from models.export import build
 
-        build(name, out, seed=seed)
+            build(name, out, seed=seed)
     return model_path
