@@ -130,16 +130,22 @@ def copy_source(root: Path, repo: Path = REPO_ROOT) -> None:
         shutil.copy2(repo / name, target)
 
 
+BOARD_EXTRAS = ("agent", "device", "device-tflite")  # what install-device.sh may install
+
+
 def image_key(arch: BoardArch, repo: Path = REPO_ROOT) -> str:
     """What an image is built from, hashed: change any of it and the image is rebuilt.
 
-    Of ``pyproject.toml`` only what pip installs from counts (the build system, the
-    dependencies and extras, the Python range), not tool settings such as test markers.
+    Of ``pyproject.toml`` only what pip installs on a board counts (the build system,
+    the dependencies, the extras a board installs and the Python range), not tool
+    settings such as test markers, nor the server's or the developers' extras.
     """
     project = tomllib.loads((repo / "pyproject.toml").read_text())
+    extras = project["project"].get("optional-dependencies", {})
     installs_from = {
         "build-system": project.get("build-system"),
-        **{k: project["project"].get(k) for k in ("requires-python", "dependencies", "optional-dependencies")},
+        **{k: project["project"].get(k) for k in ("requires-python", "dependencies")},
+        "optional-dependencies": {name: extras.get(name) for name in BOARD_EXTRAS},
     }
     digest = hashlib.sha256()
     for part in (RECIPE, RELEASE, arch, *SOURCES, *PACKAGES, repr(INSTALLS[arch])):
