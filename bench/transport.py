@@ -174,7 +174,7 @@ def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) ->
         coord.setup_strategy()
         train_seconds: list[float] = []
         finished_at: list[float] = []  # device clock = this machine's clock
-        original = coord._on_result
+        original = coord.inbox._on_result
 
         def spy(device: str, msg: Message) -> None:
             if isinstance(msg.body, TrainResult):  # a typed body, as the coordinator receives it
@@ -182,7 +182,7 @@ def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) ->
                 finished_at.append(msg.sent_at - msg.body.deliver_seconds)
             original(device, msg)
 
-        coord._on_result = spy  # type: ignore[method-assign]
+        coord.inbox._on_result = spy  # type: ignore[method-assign]
         round_start = time.time()
         metrics = coord.step()
         coord.stop_devices()

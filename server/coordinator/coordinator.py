@@ -1,18 +1,15 @@
-"""The coordinator: the round driver's backend for boards over MQTT.
+"""The coordinator: a run on boards over MQTT, composed of its collaborators.
 
-It keeps the registry of devices, publishes the model artifact and a retained status
-with a per-process *epoch* (devices register again when a new coordinator appears),
-and offers the driver (:mod:`server.rounds`) what the simulator offers from virtual
-devices: executing a plan with group managers, pre-training and evaluation requests,
-class counts and link matrices. The sender of every message is the device named by
-its topic (``from/<id>/...``); a payload that claims anyone else is dropped. Every
-receive is validated; whatever is wrong is dropped with a log line and counted in the
-round's record (by reason, and per registered device), and no single message can stop
-a run.
+It publishes the model artifact and a retained status with a per-process *epoch*
+(devices register again when a new coordinator appears), and drives rounds: each
+:meth:`Coordinator.step` is the round driver's step (:mod:`server.rounds`), then the
+checkpoint, the acknowledgements and the sweep of retained junk.
 
-The coordinator composes its collaborators and hands each what it needs, never
-itself: the MQTT side (:class:`~server.coordinator.bus.DeviceBus`: identity,
-reassembly, de-duplication, drops and the memory bounds), plan execution
+It hands each collaborator what it needs, never itself: the MQTT side
+(:class:`~server.coordinator.bus.DeviceBus`: identity, reassembly, de-duplication,
+drops and the memory bounds), what arrives from devices
+(:class:`~server.coordinator.inbox.Inbox`), the driver's backend
+(:class:`~server.coordinator.backend.BoardBackend`), plan execution
 (:class:`~server.coordinator.execution.RoundExecution`), link measurement
 (:class:`~server.coordinator.prober.LinkProber`), checkpoints
 (:class:`~server.coordinator.persistence.Persistence`), requests, shared models and the
@@ -26,7 +23,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,28 +31,17 @@ from typing import Any
 import numpy as np
 
 from device.data import Dataset
-from device.errors import CoveyError, ProtocolError, TransportError
+from device.errors import TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
-from device.mqtt import Incoming, MqttLink, TlsFiles, Will
-from device.probing import send_probe_frame
+from device.mqtt import MqttLink, TlsFiles, Will
 from device.protocol import (
     SERVER_ID,
     Ack,
-    EvalRow,
-    InboundTransfer,
-    LinkReport,
     Message,
-    Payload,
-    Ping,
-    Pong,
-    Register,
     ServerStatus,
     Stop,
     Topics,
-    TrainFailed,
-    TrainResult,
     WireCodec,
-    check_weights,
     downlink_codec,
     first_codec,
     send_model,
@@ -65,8 +51,10 @@ from device.runtime import TFLiteModel
 from device.transport import LinkFactory
 from server.artifact import artifact_for_devices
 from server.coordinator.admission import Admission
+from server.coordinator.backend import BoardBackend
 from server.coordinator.bus import BusSettings, DeviceBus
 from server.coordinator.execution import ExecutionSettings, RoundExecution
+from server.coordinator.inbox import Inbox, InboxSettings
 from server.coordinator.persistence import Persistence
 from server.coordinator.prober import LinkProber, ProbeSettings
 from server.coordinator.registry import DeviceRecord, Registry
@@ -74,21 +62,13 @@ from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
-from server.hops import HopBound
 from server.links import DEFAULT_BANDWIDTH_HZ, LinkMatrices
 from server.reference import server_norm
-from server.rounds import EvalJob, RoundDriver, RoundRecord, RoundStats
+from server.rounds import RoundDriver, RoundRecord
 from server.screening import ScreeningConfig
-from server.strategies.base import ClientInfo, GroupResult, RoundPlan, Strategy
+from server.strategies.base import ClientInfo, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
-
-
-class OtherRoundError(ProtocolError):
-    """A result of another round than the current one: dropped quietly (a device
-    delivering a held result again is honest), and its message id not remembered."""
-
-    reason = "result of another round"
 
 
 @dataclass
@@ -162,7 +142,6 @@ class Coordinator:
                 burst=max(1.0, 5 * config.max_registrations_per_s),
             ),
         )
-        self.round = 0
         model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
         self.bases: dict[str, np.ndarray] = {}  # this round's start models, by the sha256 of their payload
         # int8 and int4 runs: what each device holds, for downlink deltas (server/downlink.py)
@@ -175,7 +154,7 @@ class Coordinator:
                 deltas=True,
                 bits=bits,
                 first=first_codec(config.codec),
-                decodes=self._decodes,
+                decodes=self.registry.decodes,
             )
         )
         self._started = False
@@ -245,9 +224,24 @@ class Coordinator:
             task_prefix=self.epoch,
             model_bytes=model_bytes,
         )
+        self.backend = BoardBackend(self.registry, self.execution, self.requests, self.prober, self.bus)
+        self.inbox = Inbox(
+            InboxSettings(config.run, config.codec, self.manifest.n_classes, self.manifest.n_params),
+            topics=self.topics,
+            publish=self._publish,
+            bus=self.bus,
+            registry=self.registry,
+            prober=self.prober,
+            execution=self.execution,
+            requests=self.requests,
+            retained=self.retained,
+            bases=self.bases,
+            current_round=lambda: self.backend.round,
+            on_client=self._on_client,
+        )
         self.driver = RoundDriver(
             strategy,
-            self,
+            self.backend,
             seed=config.seed,
             federated_eval_every=config.federated_eval_every,
             server_eval=self._server_eval if eval_data is not None else None,
@@ -271,6 +265,21 @@ class Coordinator:
     @property
     def records(self) -> list[RoundRecord]:
         return self.driver.records
+
+    @property
+    def round(self) -> int:
+        """The round being run (0 before round 1)."""
+        return self.backend.round
+
+    @round.setter
+    def round(self, rnd: int) -> None:
+        self.backend.round = rnd
+
+    def _on_client(self, info: ClientInfo) -> None:
+        """A device passed admission, or registered new counts: the strategy hears of it
+        once the run has started (before, setup reads every registered device)."""
+        if self._started:
+            self.driver.add_client(info)
 
     def checkpoint(self) -> None:
         self.persistence.checkpoint()
@@ -340,190 +349,8 @@ class Coordinator:
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
-        """Handle one incoming message (if any arrives within ``timeout``)."""
-        if self.bus.reconnected():  # back after losing the broker
-            log.warning("connection to the broker is back; sending this round's outstanding work again")
-            self.execution.resend_outstanding()
-        for device, t in self.registry.pings_due():  # admission: confirm new devices
-            self._publish(self.topics.inbox(device), Message.of(Ping(t), run=self.cfg.run, sender=SERVER_ID).encode())
-        item = self.bus.receive(timeout)
-        if item is None:
-            return
-        try:
-            self._dispatch(item)
-        except OtherRoundError as exc:  # not held against the device (_on_result)
-            self.drop(exc.reason, f"{item.topic}: {exc}", quiet=True)
-        except CoveyError as exc:
-            self.drop(getattr(exc, "reason", type(exc).__name__), f"{item.topic}: {exc}", self.bus.sender(item))
-        except Exception as exc:  # no single message, from anyone, may stop a run
-            log.exception("unexpected error handling %s", item.topic)
-            self.drop(f"unexpected {type(exc).__name__}", f"{item.topic}: {exc}", self.bus.sender(item))
-
-    def _dispatch(self, item: Incoming) -> None:
-        who = self.topics.device_of(item.topic)
-        if self.retained.handles(item, *(who or (None, None))):
-            return
-        if who is None:
-            if item.topic == f"{self.topics.root}/server/register":
-                self.registry.legacy_register(item.payload, self._publish, self.topics)
-                return
-            raise ProtocolError(f"unexpected topic {item.topic}")
-        device, kind = who
-        if kind == "status":
-            self.registry.set_status(device, item.payload)
-            return
-        if kind == "frames":
-            self.registry.known(device)  # nothing from an unregistered id is held while it reassembles
-            payload = self.bus.reassemble(device, item)
-            if payload is not None:
-                self._on_frame(device, payload)
-            return
-        msg = self.bus.decode_once(device, item)
-        if msg is None:
-            return
-        self._on_message(device, kind, msg)
-        self.bus.used(msg)
-
-    def _on_message(self, device: str, kind: str, msg: Message) -> None:
-        if msg.sender != device:
-            raise ProtocolError(f"message claims sender {msg.sender!r} but came from {device!r}")
-        if msg.run != self.cfg.run:
-            raise ProtocolError(f"message for run {msg.run!r} from {device}")
-        if kind == "register":
-            if not isinstance(msg.body, Register):
-                raise ProtocolError(f"{msg.type!r} on a register topic")
-            self._on_register(device, msg.body)
-        elif isinstance(msg.body, Pong):
-            confirmed = self.registry.pong(device, msg.body)
-            self.prober.on_pong(device, msg.body.echo)
-            if confirmed is not None and self._started:
-                self.driver.add_client(confirmed)  # a newcomer passed admission
-        elif isinstance(msg.body, LinkReport):
-            if not self.prober.book.on_report(device, msg.body):
-                raise ProtocolError(f"link report {msg.body.task_id!r} from {device}, which was not asked for it")
-        elif isinstance(msg.body, TrainFailed):
-            failed = msg.body
-            why = f"its training failed ({failed.reason}: {failed.detail or 'no detail'})"
-            if not self.execution.on_refused(device, failed.task_id, why):
-                raise ProtocolError(f"failure report for task {failed.task_id!r} nobody waits for")
-        elif msg.type == "result":
-            self._on_result(device, msg)
-        else:
-            raise ProtocolError(f"{msg.type!r} is not a result")
-
-    def _decodes(self, device: str, codec: str) -> bool:
-        """Whether ``device`` listed ``codec`` when it registered."""
-        record = self.registry.devices.get(device)
-        return record is not None and codec in record.codecs
-
-    def _on_register(self, device: str, body: Register) -> None:
-        needs = {"int4", "int4z"} if self.cfg.codec == "int4" else set()  # every version-2 agent knows the rest
-        if not needs <= set(body.codecs or ()):
-            # an agent from before int4 would drop every int4 request and miss every deadline
-            reason = (
-                f"this run sends models as {self.cfg.codec} deltas (--codec {self.cfg.codec}) and this agent "
-                "does not decode them: update covey on the board, or run the server with --codec int8"
-            )
-            stop = Message.of(Stop(reason), run=self.cfg.run, sender=SERVER_ID)
-            self._publish(self.topics.inbox(device), stop.encode())
-            raise ProtocolError(f"{device} cannot join: {reason}")
-        reg = self.registry.register(device, body)
-        for evicted in reg.evicted:
-            self.drop("registration evicted before confirming", f"{evicted}: more than the pending limit")
-        if self._started and reg.changed and reg.info is not None:
-            self.driver.add_client(reg.info)  # new counts
-
-    def _on_result(self, device: str, msg: Message) -> None:
-        rec = self.registry.known(device)
-        body = msg.body
-        if not isinstance(body, TrainResult):
-            if not self.requests.on_result(device, body):
-                raise ProtocolError(f"{body.kind} result from {device} for task {body.task_id!r} nobody waits for")
-            return
-        if msg.round != self.round:
-            # a held result delivered again (a reconnect, a new coordinator epoch before the
-            # resumed round starts): honest, and asked for again when its round runs, so not
-            # counted against the device; raised, so that its id is not remembered (the
-            # same message must count when it comes again in its round)
-            raise OtherRoundError(f"result of round {msg.round} from {device}; the current round is {self.round}")
-        outcome = self.execution.on_result(device, body)
-        if outcome == "duplicate":
-            self.drop("duplicate result", f"{device} {body.task_id}", quiet=True)
-        elif outcome == "unexpected":
-            raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
-        else:
-            self._note_counts(rec, body.class_counts)
-            self.registry.note_telemetry(device, msg.round, body.telemetry)
-            if body.inbound is not None:
-                self._on_inbound(device, body.task_id, body.inbound)
-
-    def _note_counts(self, rec: DeviceRecord, counts: tuple[int, ...]) -> None:
-        """A result's class counts: the device's data may shift (FlexCFL's migration reads
-        them), but never beyond the samples it registered, which bound its weight
-        (server/claims.py). Other counts are ignored and counted."""
-        if len(counts) != self.manifest.n_classes or list(counts) == list(rec.info.class_counts):
-            return
-        if sum(counts) > rec.info.n_samples:
-            self.drop("implausible class counts", f"{rec.info.client_id}: {sum(counts)} > {rec.info.n_samples}")
-            return
-        rec.info = ClientInfo(rec.info.client_id, rec.info.n_samples, np.asarray(counts, np.float64), rec.info.n_test)
-
-    def _on_inbound(self, device: str, task_id: str, inbound: InboundTransfer) -> None:
-        """How fast ``device``'s start model reached it: a goodput of the path from the
-        server or the task's predecessor (any other source is not counted)."""
-        allowed = self.execution.model_sources(device, task_id)
-        model_bytes = 4 * self.manifest.n_params  # no payload of this run is larger
-        why = (
-            f"{device} timed {inbound.nbytes} bytes; a model of this run has at most {model_bytes}"
-            if inbound.nbytes > model_bytes
-            else self.prober.book.add_inbound(device, inbound, allowed)
-        )
-        if why is not None:
-            self.drop("implausible transfer report", why)
-
-    def _on_frame(self, device: str, payload: Payload) -> None:
-        self.registry.known(device)
-        h = payload.header
-        if h.kind == "probe":  # a device measuring its link to the server: answer at once
-            send_probe_frame(
-                self._publish,
-                self.topics.frames(device),
-                kind="echo",
-                run=self.cfg.run,
-                sender=SERVER_ID,
-                task_id=h.extra.task_id or "",
-                index=h.extra.index,
-                size=0,
-            )
-            return
-        try:
-            weights = check_weights(payload, self.manifest.n_params, self.bases)
-        except ProtocolError as exc:
-            if h.kind == "result" and h.round == self.round and h.extra.task_id:
-                # a refused output is never coming right: its group goes on without it now
-                self.execution.on_refused(device, h.extra.task_id, f"its output was refused ({exc})")
-            raise
-        if h.kind == "update":
-            if not self.requests.on_update(device, h.extra.task_id or "", weights):
-                raise ProtocolError(f"update for task {h.extra.task_id!r} nobody waits for")
-            self._on_upload(device, payload)
-            return
-        if h.kind != "result":
-            raise ProtocolError(f"devices send result and update frames to the server, not {h.kind!r}")
-        if h.round != self.round:  # as for result messages (_on_result): a held output again
-            raise OtherRoundError(f"result frame of round {h.round} from {device}; the current round is {self.round}")
-        outcome = self.execution.on_frame(payload, weights)
-        if outcome == "duplicate":
-            self.drop("duplicate result", f"{device} frame of {h.extra.task_id}", quiet=True)
-        elif outcome == "unexpected":
-            raise ProtocolError(f"result frame from {device} that group {h.group} does not expect")
-        else:
-            self._on_upload(device, payload)
-
-    def _on_upload(self, device: str, payload: Payload) -> None:
-        """An expected upload, timed here: the goodput of ``device``'s path to the server."""
-        if payload.timing is not None:
-            self.prober.book.add_transfer(device, SERVER_ID, payload.timing.nbytes, payload.timing.seconds)
+        """Handle one incoming message (if any arrives within ``timeout``): :class:`Inbox`."""
+        self.inbox.pump(timeout)
 
     # -- waiting -------------------------------------------------------------------------
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:
@@ -536,7 +363,10 @@ class Coordinator:
                 progress(len(self.devices))
 
     def ready_devices(self) -> list[str]:
-        return sorted(self.devices)
+        return self.backend.ready_devices()
+
+    def links_record(self) -> dict[str, Any] | None:
+        return self.backend.links_record()
 
     def measure_rtt(self, timeout: float = 5.0) -> None:
         """Ping every device; RTT is measured from the pong (through the broker)."""
@@ -545,45 +375,6 @@ class Coordinator:
     def measure_links(self, timeout: float | None = None) -> LinkMatrices:
         """Measure Γ and the RTT matrix (:meth:`LinkProber.measure`)."""
         return self.prober.measure(self.round, timeout)
-
-    # -- the round driver's backend ---------------------------------------------------------
-    def clients(self) -> Sequence[ClientInfo]:
-        return [self.devices[d].info for d in self.ready_devices()]
-
-    def before_round(self, rnd: int) -> dict[str, float]:
-        self.round = rnd
-        return {}
-
-    def execute(self, plan: RoundPlan, *, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
-        return self.execution.run(plan, seed, hop)
-
-    def pretrain(
-        self, client_ids: Sequence[str], weights: np.ndarray, *, steps: int, batch: int, lr: float, seed: int, rnd: int
-    ) -> dict[str, np.ndarray]:
-        return self.requests.pretrain(client_ids, weights, steps=steps, batch=batch, lr=lr, seed=seed, rnd=rnd)
-
-    def evaluate(self, jobs: Sequence[EvalJob], *, rnd: int) -> list[dict[str, list[EvalRow]]]:
-        return self.requests.evaluate(jobs, rnd=rnd)
-
-    def class_counts(self, client_ids: Sequence[str]) -> dict[str, np.ndarray]:
-        return {c: self.devices[c].info.class_counts for c in client_ids}
-
-    def snr_matrix(self) -> np.ndarray | None:
-        """Γ over the current devices (sorted), from the link measurements."""
-        return self.prober.snr_matrix()
-
-    def links_record(self) -> dict[str, Any] | None:
-        return self.prober.record()
-
-    def distance_matrix(self) -> np.ndarray | None:
-        """The RTT matrix over the current devices: measured between peers where
-        measured, else through the server (``rtt_i + rtt_j``)."""
-        rtt = self.prober.rtt_matrix()
-        return rtt if rtt is not None else self.registry.distance_matrix()
-
-    def round_stats(self) -> RoundStats:
-        by_reason, by_device = self.bus.take_drops()
-        return RoundStats(self.execution.handoff_counts(), by_reason, by_device)
 
     def _server_eval(self, weights: np.ndarray) -> tuple[float, float]:
         assert self.eval_data is not None

@@ -157,6 +157,11 @@ class Registry:
         rec.last_seen = time.monotonic()
         return rec
 
+    def decodes(self, device: str, codec: str) -> bool:
+        """Whether ``device`` listed ``codec`` when it registered."""
+        record = self.devices.get(device)
+        return record is not None and codec in record.codecs
+
     def set_online(self, device: str, online: bool) -> None:
         if device in self.devices:
             self.devices[device].online = online

@@ -48,7 +48,7 @@ def test_an_agent_without_int4_is_stopped_with_the_reason_and_a_current_one_join
         item = old.receive(0.2)
         if item is not None and isinstance(msg := decode_message(item.payload).body, Stop):
             stops.append(msg)
-    stats = coord.round_stats()
+    stats = coord.backend.round_stats()
     with start_fleet(root, leaf_writers(root, 1), run=run, host=broker.host, port=broker.port, log_dir=tmp_path):
         coord.wait_for_devices(1, 120)
         joined = sorted(coord.devices)

@@ -49,7 +49,7 @@ def test_a_silent_device_is_skipped_and_the_chain_goes_on(femnist_eval, tmp_path
         start = strategy.global_weights.copy()
         plan = RoundPlan(1, (GroupPlan(0, tuple(members), "chain", "global"),), {"global": start}, TRAIN)
         coord.round = 1
-        (result,) = coord.execute(plan, seed=0)
+        (result,) = coord.backend.execute(plan, seed=0)
         coord.stop_devices()
         ghost.close()
         coord.close()

@@ -138,9 +138,9 @@ def test_queue_full_drops_reach_the_round_record_and_the_agent_stats(tmp_path) -
 
     # Execute
     coord.link.dropped = 7
-    first = coord.round_stats()
+    first = coord.backend.round_stats()
     coord.link.dropped = 9
-    second = coord.round_stats()
+    second = coord.backend.round_stats()
     agent.link.dropped = 3
     agent.run_forever(idle_timeout=0.01)  # one pass of the loop: nothing arrives
     agent.close()

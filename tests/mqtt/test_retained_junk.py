@@ -73,7 +73,7 @@ def test_the_coordinator_clears_what_a_device_retained_beyond_its_status(broker,
         coord.pump(0.1)
     swept = coord.retained.sweep(coord.pump)
     held = _retained_now(broker, t)
-    stats = coord.round_stats()
+    stats = coord.backend.round_stats()
     coord.close()
 
     # Assert: only the status and the server's own retained messages remain
