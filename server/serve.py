@@ -75,9 +75,7 @@ class PreparedServe:
     train: TrainConfig
     params: dict[str, Any]
     settings: dict[str, Setting]
-
-    def build_strategy(self) -> Strategy:
-        return make_strategy(self.options.strategy, train=self.train, **self.params)
+    strategy: Strategy  # built once, checked, and the one the run uses
 
 
 def prepare_serve(opts: ServeOptions) -> PreparedServe:
@@ -106,8 +104,7 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
     train, train_settings = resolve_training(opts.strategy, given_train)
     given = {k: Setting(v, Source.FLAG, "--set") for k, v in opts.strategy_params.items()}
     params, param_settings = resolve_strategy_params(opts.strategy, given)
-    prepared = PreparedServe(opts, train, params, {})
-    strategy = prepared.build_strategy()
+    strategy = make_strategy(opts.strategy, train=train, **params)
     if opts.min_devices < strategy.min_clients():
         raise ConfigError(
             f"{opts.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
@@ -146,7 +143,7 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         **train_settings,
         **param_settings,
     }
-    return PreparedServe(opts, train, params, settings)
+    return PreparedServe(opts, train, params, settings, strategy)
 
 
 def _screening_settings(screening: ScreeningConfig | None) -> dict[str, Setting]:
@@ -193,7 +190,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             link_bandwidth_hz=o.link_bandwidth_hz,
             codec=o.codec,
         ),
-        prepared.build_strategy(),
+        prepared.strategy,
         o.model_path,
         eval_data,
     )

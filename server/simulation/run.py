@@ -53,15 +53,14 @@ def build_federation(cfg: SimulationConfig) -> datasets.Federation:
 
 @dataclass(frozen=True)
 class PreparedRun:
-    """A simulation with every setting resolved and checked, not yet started."""
+    """A simulation with every setting resolved and checked, not yet started: one run
+    (its ``strategy``, built once from ``train`` and ``params``, keeps the run's state)."""
 
     config: SimulationConfig
     train: TrainConfig
     params: dict[str, object]
     settings: dict[str, Setting]
-
-    def build_strategy(self) -> Strategy:
-        return make_strategy(self.config.strategy, train=self.train, **self.params)
+    strategy: Strategy
 
 
 def prepare(cfg: SimulationConfig) -> PreparedRun:
@@ -73,8 +72,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
     if cfg.clients_per_round is not None and "clients_per_round" in _accepts(cfg.strategy):
         given.setdefault("clients_per_round", cfg.setting("clients_per_round", cfg.clients_per_round))
     params, param_settings = resolve_strategy_params(cfg.strategy, given)
-    run = PreparedRun(cfg, train, params, {})
-    run.build_strategy()  # raises StrategyError on a bad value
+    strategy = make_strategy(cfg.strategy, train=train, **params)  # raises StrategyError on a bad value
     if cfg.topology is not None:
         from server.simulation.topology import load_topology
 
@@ -103,7 +101,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         **train_settings,
         **param_settings,
     }
-    return PreparedRun(cfg, train, params, settings)
+    return PreparedRun(cfg, train, params, settings, strategy)
 
 
 def _accepts(strategy: str) -> set[str]:
@@ -154,7 +152,7 @@ def run_simulation(
     if not fed:
         raise ConfigError("the data set has no clients")
     path = model_path or ensure_model(c.model_name)
-    strategy = run.build_strategy()
+    strategy = run.strategy
     check_clients(run, fed)
     shift = datasets.SwapShift(c.shift_probability, c.shift_mode) if c.shift_probability > 0 else None
     start = time.perf_counter()
@@ -192,7 +190,7 @@ def check_clients(run: PreparedRun, fed: datasets.Federation) -> None:
     c = run.config
     if not fed:
         raise ConfigError("the data set has no clients")
-    need = run.build_strategy().min_clients()
+    need = run.strategy.min_clients()
     if len(fed) < need:
         raise ConfigError(f"{c.strategy} needs {need} clients but the data set has only {len(fed)}")
     if c.topology is not None:

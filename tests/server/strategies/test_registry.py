@@ -32,7 +32,7 @@ import covey.cli
 from server.simulation.config import SimulationConfig
 from server.simulation.run import prepare
 from server.simulation.engine import Simulation
-prepare(SimulationConfig(strategy="fedavg", dataset="femnist", clients_per_round=10)).build_strategy()
+prepare(SimulationConfig(strategy="fedavg", dataset="femnist", clients_per_round=10)).strategy
 print(json.dumps(sorted({{m.split(".")[0] for m in sys.modules}} & set({list(HEAVY)!r}))))
 """
     out = subprocess.run(
