@@ -22,6 +22,16 @@ os.environ.setdefault("COVEY_CACHE_DIR", str(REPO / ".cache"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n`` (``./dev test``), every board test runs on one worker: they
+    share the emulated boards, mounted once per worker and session, and the kernel's
+    binfmt registration, which one worker's set-up would clear under another's."""
+    for item in items:
+        if item.get_closest_marker("boards") is not None:
+            item.add_marker(pytest.mark.xdist_group("boards"))
+
+
 @pytest.fixture(scope="session")
 def zoo_model():
     """``zoo_model(name) -> Path`` of the built .tflite (built once, then cached)."""
