@@ -29,7 +29,8 @@ and, with ``--boards``, ``figure insider_victim_rounds_skipped``,
 ``figure insider_agent_peak_rss_mb``, ``figure insider_broker_peak_rss_mb`` and
 ``figure nan_member_round_s_ratio``.
 
-Usage: ``python bench/insider.py [--rounds 60] [--devices 7] [--seeds 3] [--boards]``
+Usage: ``python bench/insider.py [--rounds 60] [--devices 7] [--seeds 3]
+[--strategies fedgsp_1chain,...] [--attacks lie_direction,...] [--boards]``
 """
 
 from __future__ import annotations
@@ -97,10 +98,18 @@ def strategies(devices: int) -> dict[str, Callable[[], Strategy]]:
     return out
 
 
-def simulate(make: Callable[[], Strategy], attack: Attack | None, args: argparse.Namespace) -> float:
-    """The mean server accuracy of the last five rounds, in percent, averaged over
-    ``--seeds`` seeds (FedGSP's chains make single runs noisy)."""
-    return float(np.mean([_simulate(make, attack, args, args.seed + k) for k in range(args.seeds)]))
+def simulate(make: Callable[[], Strategy], attack: Attack | None, args: argparse.Namespace) -> np.ndarray:
+    """The mean server accuracy of the last five rounds, in percent, for each of
+    ``--seeds`` seeds (FedGSP's chains make single runs noisy; attacks are compared
+    seed by seed with the clean run)."""
+    return np.array([_simulate(make, attack, args, args.seed + k) for k in range(args.seeds)])
+
+
+def _paired(base: np.ndarray, runs: np.ndarray) -> str:
+    """``base - runs``, mean and standard error over the seeds, as text."""
+    drop = base - runs
+    se = float(drop.std(ddof=1) / np.sqrt(len(drop))) if len(drop) > 1 else float("nan")
+    return f"{-drop.mean():+.1f} ± {se:.1f} pts"
 
 
 def _simulate(make: Callable[[], Strategy], attack: Attack | None, args: argparse.Namespace, seed: int) -> float:
@@ -138,30 +147,56 @@ def accuracy_part(args: argparse.Namespace) -> None:
     drops: dict[str, float] = {}
     beyond: dict[str, float] = {}  # below the run without the insider at all
     costs: dict[str, float] = {}
+    attacks = [a for a in ATTACKS if a.name in args.attacks]
     for name, make in strategies(args.devices).items():
+        if name not in args.strategies:
+            continue
         args.clean_screening = ScreeningConfig()
         clean = simulate(make, None, args)
         args.clean_screening = PLAIN_MEAN
         plain = simulate(make, None, args)
-        costs[name] = plain - clean
+        costs[name] = float(np.mean(plain - clean))
         absent = simulate(make, ABSENT, args)
-        absent_off = simulate(make, Attack("absent_off", ABSENT.faults, None), args)  # the same, screening off
-        print(f"{name}: clean {clean:.1f} %, plain means {plain:.1f} %, without the insider {absent:.1f} %", flush=True)
-        for attack in ATTACKS:
+        print(
+            f"{name}: clean {clean.mean():.1f} %, plain means {plain.mean():.1f} %, "
+            f"without the insider {absent.mean():.1f} % ({_paired(clean, absent)})",
+            flush=True,
+        )
+        absent_off = None  # the same, screening off: only for the screening-off attacks
+        for attack in attacks:
             started = time.monotonic()
             acc = simulate(make, attack, args)
             # against the clean run and the insider's absence in the same configuration:
             # with screening off, plain means (what screening itself adds is
             # insider_clean_acc_cost_pts)
+            if attack.screening is None and absent_off is None:
+                absent_off = simulate(make, Attack("absent_off", ABSENT.faults, None), args)
             base, gone = (clean, absent) if attack.screening is not None else (plain, absent_off)
-            drops[f"{name}_{attack.name}"] = base - acc
-            beyond[f"{name}_{attack.name}"] = gone - acc
-            print(f"  {attack.name:22s} {acc:5.1f} %  ({acc - base:+.1f} pts, {time.monotonic() - started:.0f} s)")
+            assert gone is not None
+            drops[f"{name}_{attack.name}"] = float(np.mean(base - acc))
+            beyond[f"{name}_{attack.name}"] = float(np.mean(gone - acc))
+            took = time.monotonic() - started
+            print(f"  {attack.name:22s} {acc.mean():5.1f} %  ({_paired(base, acc)}, {took:.0f} s)", flush=True)
+    if not drops:
+        return
     worst = max(drops, key=lambda k: drops[k])
     print(f"worst attack: {worst} ({drops[worst]:.1f} pts)")
     print(f"figure insider_worst_acc_drop_pts = {max(0.0, drops[worst]):.2f}")
     print(f"figure insider_worst_acc_drop_vs_absent_pts = {max(0.0, max(beyond.values())):.2f}")
     print(f"figure insider_clean_acc_cost_pts = {max(0.0, max(costs.values())):.2f}")
+
+
+def _names(known: list[str], what: str) -> Callable[[str], list[str]]:
+    """An argparse type: a comma-separated selection of ``known`` names."""
+
+    def parse(text: str) -> list[str]:
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in known]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"unknown {what} {unknown or text!r}; choose from {', '.join(known)}")
+        return names
+
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,6 +205,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--devices", type=int, default=7)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seeds", type=int, default=3, help="seeds averaged per run (accuracy part)")
+    every_strategy = list(strategies(7))
+    every_attack = [a.name for a in ATTACKS]
+    parser.add_argument(
+        "--strategies",
+        type=_names(every_strategy, "strategy"),
+        default=every_strategy,
+        help=f"comma-separated, of {', '.join(every_strategy)} (default: all; the figures then cover only these)",
+    )
+    parser.add_argument(
+        "--attacks",
+        type=_names(every_attack, "attack"),
+        default=every_attack,
+        help=f"comma-separated, of {', '.join(every_attack)} (default: all)",
+    )
     parser.add_argument("--boards", action="store_true", help="the transport attacks on a real site instead")
     parser.add_argument("--board-rounds", type=int, default=4, help="rounds per run with --boards")
     parser.add_argument("--deadline", type=float, default=60.0, help="a member's deadline with --boards (s)")
