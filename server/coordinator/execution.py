@@ -20,8 +20,9 @@ from typing import Literal
 import numpy as np
 
 from device.errors import ProtocolError
-from device.protocol import SERVER_ID, Assignment, Message, Payload, Topics, TrainResult, WireCodec
-from server.coordinator.manager import GroupManager, Handoff, Publish
+from device.protocol import SERVER_ID, Assignment, Message, Payload, Publish, Topics, TrainResult, WireCodec
+from server.coordinator.group_sender import Handoff
+from server.coordinator.manager import GroupManager
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
 from server.hops import HopBound

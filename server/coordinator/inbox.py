@@ -29,6 +29,7 @@ from device.protocol import (
     Payload,
     Ping,
     Pong,
+    Publish,
     Register,
     Stop,
     Topics,
@@ -39,7 +40,6 @@ from device.protocol import (
 )
 from server.coordinator.bus import DeviceBus
 from server.coordinator.execution import RoundExecution
-from server.coordinator.manager import Publish
 from server.coordinator.prober import LinkProber
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests

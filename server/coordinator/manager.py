@@ -23,84 +23,24 @@ Parallel mode. Every member trains from the group's start model and returns its 
 to the manager; members that miss the deadline are skipped. The start model is
 published once as a shared, retained model (``server/coordinator/shared.py``).
 
-Codecs (``device/protocol/codecs.py``). The manager sends models in the run's
-downlink codec (float32, or float16 in ``fp16``, ``int8`` and ``int4`` runs; in the last
-two a whole model goes as ``q8`` to a device that lists it, and a shared broadcast as
-``q8`` when most of its members do, the others getting their own frame) and asks
-members for their output in the upload codec: an ``int8`` parallel member sends a
-delta against the start model it received, which the coordinator adds to its own
-float32 start model (``bases``: payload sha256 -> model), so the rounding of the
-downlink (fp16, q8) never reaches the aggregate. ``int4`` runs are ``int8`` runs with 4-bit
-deltas; everything said of ``int8`` here holds for them. In an ``int8`` run a start model goes to a
-device as a delta against the model it holds when the coordinator knows it
-(``server/downlink.py``, ``downlinks``): then by its own frame, not the shared
-broadcast.
-
-Chain hand-offs in ``int8`` runs go through the manager (relay; the ``auto`` hand-off
-mode picks it, ``server/coordinator/execution.py``): a member uploads its output as an
-``int8`` delta against the model it received, the manager adds it to the float32 model
-it sent (so that member's downlink error never enters the chain's model), and sends
-the sum on to the successor as a downlink delta against the model the successor holds.
-The chain's model thus carries only each member's upload quantisation error (with that
-member's error feedback), never a re-quantised downlink error. A *direct* hand-off
-goes device to device in the downlink codec (``fp16``): the two devices hold no common
-model a delta could name. Why relay rather than the brief's deltas against a common
-start model sent to every member: that start model costs every member a download too,
-and measured in bytes it saves less (docs/results.md, "Wire codecs").
+What goes out, in which codec, and the shared broadcast:
+:mod:`server.coordinator.group_sender`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Literal
 
 import numpy as np
 
-from device.protocol import (
-    SERVER_ID,
-    DeviceHop,
-    FrameCodec,
-    FrameExtra,
-    Hop,
-    ManagerHop,
-    Message,
-    Payload,
-    ResendRequest,
-    Topics,
-    TrainRequest,
-    TrainResult,
-    WireCodec,
-    downlink_codec,
-    encode_float,
-    payload_key,
-    send_model,
-    upload_codec,
-)
+from device.protocol import SERVER_ID, DeviceHop, ManagerHop, Payload, Publish, Topics, TrainResult, WireCodec
+from server.coordinator.group_sender import GroupSender, Handoff, Member
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
 from server.hops import HopBound
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
 
 log = logging.getLogger("covey.server")
-
-Publish = Callable[[str, bytes, bool], None]
-Handoff = Literal["direct", "relay"]
-
-
-@dataclass
-class _Member:
-    device: str
-    task_id: str
-    n_samples: int = 0
-    loss: float = float("nan")
-    reported: bool = False
-    weights: np.ndarray | None = field(default=None, repr=False)
-    skipped: bool = False
-    refused: bool = False  # its output refused (screening, not finite) or its training failed
 
 
 class GroupManager:
@@ -128,28 +68,25 @@ class GroupManager:
         self.handoff: Handoff = handoff if plan.mode == "chain" else "relay"
         # each relayed hand-off is screened on arrival (server/hops.py); a direct one is never seen
         self.hop = hop if plan.mode == "chain" and self.handoff == "relay" else None
-        self.deadline_s, self.seed, self.max_chunk = deadline_s, seed, max_chunk
-        self.train = train
-        self.start_weights = start_weights
-        self.downlink = downlink_codec(codec)
-        # A member whose output comes to the manager (parallel, relay hand-offs) sends it in
-        # the run's upload codec: in int8 runs a delta against the model it received, which
-        # the manager holds as float32 (``bases``). A direct hand-off goes to a device that
-        # holds no common base, so it goes as a full model in the downlink codec.
-        self.upload = upload_codec(codec) if self.handoff == "relay" else self.downlink
-        self.start_payload = encode_float(start_weights, self.downlink)
-        self.bases = bases
-        if bases is not None:  # int8 deltas against this start model decode with the float32 original
-            bases[payload_key(self.start_payload)] = start_weights
+        self.deadline_s = deadline_s
         self.downlinks = downlinks
-        self.delta_members: frozenset[str] = frozenset()
-        self.own_frames: frozenset[str] = frozenset()  # members sent their start model by their own frame
-        self.shared = shared
-        self.shared_key: str | None = None
-        self.broadcast_codec: FrameCodec = self.downlink  # set at start()
-        self.members = [
-            _Member(d, f"{task_prefix}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)
-        ]
+        self.members = [Member(d, f"{task_prefix}-r{round_}-g{plan.group_id}-p{i}") for i, d in enumerate(plan.members)]
+        self.sender = GroupSender(
+            plan,
+            round_,
+            self.members,
+            start_weights,
+            train,
+            topics=topics,
+            publish=publish,
+            handoff=self.handoff,
+            seed=seed,
+            max_chunk=max_chunk,
+            shared=shared,
+            codec=codec,
+            bases=bases,
+            downlinks=downlinks,
+        )
         self.current = 0
         self.last_good: np.ndarray = start_weights
         self.last_good_index = -1  # -1: the start model
@@ -158,19 +95,10 @@ class GroupManager:
         self.done = False
         self.deadline = float("inf")
         self.waiting_resend = False
-        self.resends = 0
         self.clipped: list[str] = []  # members whose relayed hand-off was clipped (server/hops.py)
         self._asked_again: set[str] = set()  # tasks whose output was asked for again after a missed deadline
-        # task id -> (model, payload, codec, base) last sent for it, for a resend of the same model
-        self._sent: dict[str, tuple[np.ndarray, np.ndarray, FrameCodec, str | None]] = {}
 
     # -- helpers -------------------------------------------------------------------------
-    def _next_hop(self, index: int) -> Hop:
-        if self.plan.mode == "chain" and self.handoff == "direct" and index + 1 < len(self.members):
-            successor = self.members[index + 1]
-            return DeviceHop(successor.device, successor.task_id)
-        return ManagerHop(self.plan.group_id)
-
     def model_sources(self, device: str, task_id: str) -> frozenset[str]:
         """Who may have sent ``device`` the model of ``task_id``: the server, and with
         direct hand-offs its predecessor (empty: not this group's task)."""
@@ -179,12 +107,6 @@ class GroupManager:
                 direct = self.plan.mode == "chain" and self.handoff == "direct" and i > 0
                 return frozenset({SERVER_ID, self.members[i - 1].device} if direct else {SERVER_ID})
         return frozenset()
-
-    def _ask_resend(self, member: _Member, to: Hop) -> None:
-        """Ask ``member`` to send the output it holds for its task again, to ``to``."""
-        msg = Message.of(ResendRequest(member.task_id, to), run=self.topics.run, sender=SERVER_ID, round=self.round)
-        self.publish(self.topics.inbox(member.device), msg.encode(), False)
-        self.resends += 1
 
     def _advance(self, now: float) -> bool:
         """Direct hand-offs: move the chain past every member that reported (its model
@@ -199,7 +121,7 @@ class GroupManager:
             self.waiting_resend = False
         return moved
 
-    def _awaiting_output(self) -> _Member | None:
+    def _awaiting_output(self) -> Member | None:
         """The member asked again for an output that never reached the manager, if any."""
         if self.plan.mode != "chain":
             return None
@@ -207,114 +129,9 @@ class GroupManager:
         pending = late.task_id in self._asked_again and late.reported and late.weights is None
         return late if pending and not late.skipped else None
 
-    def _own_frame(self, member: _Member) -> bool:
-        """Whether ``member`` gets its start model by its own frame rather than the shared
-        broadcast: it held a model the server knows when the round started (a delta), or
-        it does not decode the broadcast's codec."""
-        return member.device in self.own_frames
-
-    def _start_unchanged(self) -> AbstractContextManager[None]:
-        """While the start model goes to every member: the downlink cache compares it
-        with its last model once (``DownlinkModels.unchanged``), not once per member."""
-        return self.downlinks.unchanged(self.start_weights) if self.downlinks is not None else nullcontext()
-
-    def _send_request(self, member: _Member, index: int) -> None:
-        direct = self.plan.mode == "chain" and self.handoff == "direct"
-        predecessor = self.members[index - 1].device if direct and index > 0 else SERVER_ID
-        request = TrainRequest(
-            task_id=member.task_id,
-            group=self.plan.group_id,
-            position=index,
-            mode=self.plan.mode,
-            predecessor=predecessor,
-            next=self._next_hop(index),
-            train=self.train.to_wire(),
-            seed=self.seed,
-            shared=(self.shared_key,) if self.shared_key is not None and not self._own_frame(member) else (),
-            codec=self.upload,
-            discard_start=self.downlinks is None,  # no int8 downlink delta will name this start model
-        )
-        msg = Message.of(request, run=self.topics.run, sender=SERVER_ID, round=self.round)
-        self.publish(self.topics.inbox(member.device), msg.encode(), False)
-
-    def _send_model(self, weights: np.ndarray, member: _Member, position: int) -> None:
-        codec, base = self.downlink, None
-        again = self._sent.get(member.task_id)
-        if again is not None and again[0] is weights:
-            # the same model for the same task again (a resend): the same payload, so the
-            # key the server records is the one the device may already hold (a new
-            # encoding would be a full model under another key; server/downlink.py)
-            _, payload, codec, base = again
-        elif self.downlinks is not None:  # the start model, or a relayed hand-off (int8 runs)
-            down = self.downlinks.encode(member.device, weights)
-            payload, codec, base = down.payload, down.codec, down.base
-            if self.bases is not None:  # its output's delta decodes against the float32 original
-                self.bases[down.key] = weights
-        else:
-            payload = self.start_payload if weights is self.start_weights else encode_float(weights, self.downlink)
-        if self.downlinks is not None:
-            self.downlinks.sent(member.device, member.task_id, payload_key(payload))
-        self._sent[member.task_id] = (weights, payload, codec, base)  # until its output is in
-        send_model(
-            self.publish,
-            self.topics.frames(member.device),
-            payload,
-            kind="model",
-            run=self.topics.run,
-            round=self.round,
-            group=self.plan.group_id,
-            sender=SERVER_ID,
-            max_chunk=self.max_chunk,
-            extra=FrameExtra(member.task_id, position=position),
-            codec=codec,
-            base=base,
-        )
-
     # -- lifecycle -----------------------------------------------------------------------
     def start(self, now: float) -> None:
-        if self.downlinks is not None:  # decided once: a later encode may evict a member's base
-            self.delta_members = frozenset(m.device for m in self.members if self.downlinks.base_of(m.device))
-        self.own_frames = self.delta_members
-        full = [m for m in self.members if not self._own_frame(m)]
-        if self.downlinks is not None and full:
-            # the broadcast goes in the codec most of its members decode (q8 on a tie, in int8
-            # and int4 runs; server/downlink.py); a member that decodes another (an agent from
-            # before q8) gets its own frame in that codec, so one old agent costs one frame
-            codec_of = {m.device: self.downlinks.full_codec(m.device) for m in full}
-            counts = Counter(codec_of.values())
-            self.broadcast_codec = max(counts, key=lambda c: (counts[c], c != self.downlink))
-            others = {d for d, c in codec_of.items() if c != self.broadcast_codec}
-            self.own_frames = self.delta_members | others
-            full = [m for m in full if m.device not in others]
-        broadcast = self.plan.mode == "parallel" and self.shared is not None and len(full) > 1
-        if broadcast:
-            assert self.shared is not None
-            payload = self.start_payload
-            if self.broadcast_codec != self.downlink and self.downlinks is not None:
-                payload = self.downlinks.encode(full[0].device, self.start_weights, self.broadcast_codec).payload
-                if self.bases is not None:  # the members' uploads are deltas against it
-                    self.bases[payload_key(payload)] = self.start_weights
-            # published before the requests, retained: a member that subscribes on its
-            # request is sure to find it
-            self.shared_key = self.shared.publish(
-                payload,
-                round_=self.round,
-                group=self.plan.group_id,
-                label=f"g{self.plan.group_id}",
-                codec=self.broadcast_codec,
-            )
-        for i, m in enumerate(self.members):
-            self._send_request(m, i)
-        if self.plan.mode == "chain":
-            self._send_model(self.start_weights, self.members[0], 0)
-        else:
-            with self._start_unchanged():
-                for i, m in enumerate(self.members):
-                    if not broadcast or self._own_frame(m):
-                        self._send_model(self.start_weights, m, i)
-                    elif self.downlinks is not None:  # the device will hold the broadcast model
-                        down = self.downlinks.encode(m.device, self.start_weights, self.broadcast_codec)
-                        self.downlinks.sent(m.device, m.task_id, down.key)
+        self.sender.send_start()
         self.deadline = now + self.deadline_s
 
     def resend_outstanding(self, now: float) -> None:
@@ -326,34 +143,29 @@ class GroupManager:
             return
         for i, m in enumerate(self.members):
             if not (m.reported or m.skipped):
-                self._send_request(m, i)
+                self.sender.send_request(m, i)
         if self.plan.mode == "parallel":
-            with self._start_unchanged():
-                for i, m in enumerate(self.members):
-                    if (self.shared_key is None or self._own_frame(m)) and m.weights is None and not m.skipped:
-                        self._send_model(self.start_weights, m, i)
+            self.sender.resend_start()
         elif (late := self._awaiting_output()) is not None:  # the request for its output may be lost
-            self._ask_resend(late, ManagerHop(self.plan.group_id))
+            self.sender.ask_resend(late, ManagerHop(self.plan.group_id))
         elif self.current < len(self.members):
             nxt = self.members[self.current]
             if self.handoff == "direct" and self.last_good_index >= 0 and self.held_index != self.last_good_index:
                 src = self.members[self.last_good_index]
                 if self.current - 1 == self.last_good_index:  # nxt expects src's hand-off: straight to it
-                    self._ask_resend(src, DeviceHop(nxt.device, nxt.task_id))
+                    self.sender.ask_resend(src, DeviceHop(nxt.device, nxt.task_id))
                 else:  # nxt's predecessor was skipped (nxt would refuse src's frame): through the manager
-                    self._ask_resend(src, ManagerHop(self.plan.group_id))
+                    self.sender.ask_resend(src, ManagerHop(self.plan.group_id))
                     self.waiting_resend = True
             else:  # the manager holds the last good model (or it is the start model)
-                self._send_model(self.last_good, nxt, self.current)
+                self.sender.send_model(self.last_good, nxt, self.current)
         elif self.waiting_resend and self.last_good_index >= 0:  # the chain's end awaits that resend
-            self._ask_resend(self.members[self.last_good_index], ManagerHop(self.plan.group_id))
+            self.sender.ask_resend(self.members[self.last_good_index], ManagerHop(self.plan.group_id))
         self.deadline = max(self.deadline, now + self.deadline_s / 2)
 
     def release(self) -> None:
         """Clear the group's shared start model from the broker (the round is over)."""
-        if self.shared is not None and self.shared_key is not None:
-            self.shared.clear(self.shared_key)
-            self.shared_key = None
+        self.sender.release()
 
     def owns(self, device: str) -> bool:
         return any(m.device == device for m in self.members)
@@ -392,7 +204,7 @@ class GroupManager:
         member = next((m for m in self.members if m.device == h.sender and m.task_id == h.extra.task_id), None)
         if member is None or member.skipped or member.weights is not None:
             return False
-        self._sent.pop(member.task_id, None)  # its model arrived: no resend of it will be needed
+        self.sender.arrived(member)  # no resend of its model will be needed
         index = self.members.index(member)
         if self.plan.mode == "chain":
             last = len(self.members) - 1
@@ -414,7 +226,7 @@ class GroupManager:
                 self.final = weights
             elif self.handoff == "relay":
                 self.current = index + 1
-                self._send_model(weights, self.members[self.current], self.current)
+                self.sender.send_model(weights, self.members[self.current], self.current)
                 self.deadline = now + self.deadline_s
         else:
             member.weights = weights
@@ -436,7 +248,7 @@ class GroupManager:
         self._refuse(member, why, now)
         return True
 
-    def _refuse(self, member: _Member, why: str, now: float) -> None:
+    def _refuse(self, member: Member, why: str, now: float) -> None:
         """The group goes on without ``member``'s output: not credited, listed as refused."""
         member.skipped = member.refused = True
         log.warning(
@@ -448,7 +260,7 @@ class GroupManager:
                 self.final = self.last_good
             else:
                 self.current = index + 1
-                self._send_model(self.last_good, self.members[self.current], self.current)
+                self.sender.send_model(self.last_good, self.members[self.current], self.current)
                 self.deadline = now + self.deadline_s
         self._check_done()
 
@@ -481,7 +293,7 @@ class GroupManager:
             # member, or a direct chain's last): it holds its output until the round is
             # acknowledged, so ask for it once more
             self._asked_again.add(late.task_id)
-            self._ask_resend(late, ManagerHop(self.plan.group_id))
+            self.sender.ask_resend(late, ManagerHop(self.plan.group_id))
             self.deadline = now + self.deadline_s
             return
         if self.current >= len(self.members):
@@ -502,7 +314,7 @@ class GroupManager:
         if self.handoff == "direct" and self.last_good_index >= 0 and self.held_index != self.last_good_index:
             # the last good model sits on the last good member: ask for it again (once: after
             # a second silent member in a row the manager holds it from the first resend)
-            self._ask_resend(self.members[self.last_good_index], ManagerHop(self.plan.group_id))
+            self.sender.ask_resend(self.members[self.last_good_index], ManagerHop(self.plan.group_id))
             self.waiting_resend = True
             self.deadline = now + self.deadline_s
             return
@@ -518,7 +330,7 @@ class GroupManager:
         nxt = self.members[self.current]
         # the successor was told to expect its predecessor; a model from the server is
         # always accepted, so the manager forwards the last good model itself
-        self._send_model(self.last_good, nxt, self.current)
+        self.sender.send_model(self.last_good, nxt, self.current)
         self.deadline = now + self.deadline_s
 
     def result(self) -> GroupResult:

@@ -16,8 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from device.protocol import SERVER_ID, LinkProbeRequest, Listen, Message, Ping, Topics
-from server.coordinator.manager import Publish
+from device.protocol import SERVER_ID, LinkProbeRequest, Listen, Message, Ping, Publish, Topics
 from server.coordinator.registry import DeviceRecord
 from server.links import DEFAULT_BANDWIDTH_HZ, MAX_PROBE_PEERS, LinkBook, LinkMatrices, probe_peers
 

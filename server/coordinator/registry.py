@@ -14,14 +14,13 @@ import json
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from device.errors import ProtocolError
-from device.protocol import Platform, Pong, Register, Telemetry, Topics, legacy_stop
+from device.protocol import Platform, Pong, Publish, Register, Telemetry, Topics, legacy_stop
 from server.coordinator.admission import Admission
 from server.strategies.base import ClientInfo
 
@@ -138,7 +137,7 @@ class Registry:
         """``(device, t)``: confirmation pings to send now (at the admission rate)."""
         return self.admission.pings_due()
 
-    def legacy_register(self, payload: bytes, publish: Callable[[str, bytes, bool], None], topics: Topics) -> None:
+    def legacy_register(self, payload: bytes, publish: Publish, topics: Topics) -> None:
         """A protocol-1 device: tell it (in its own envelope) to upgrade and stop."""
         try:
             raw = json.loads(payload.decode())

@@ -25,6 +25,7 @@ from device.protocol import (
     FrameExtra,
     Message,
     PretrainRequest,
+    Publish,
     Result,
     Topics,
     send_model,
@@ -33,7 +34,6 @@ from server.coordinator.shared import SharedModels
 from server.rounds import EvalJob
 
 log = logging.getLogger("covey.server")
-Publish = Callable[[str, bytes, bool], None]
 
 
 @dataclass

@@ -28,12 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from device.mqtt import Incoming
-from device.protocol import Topics
+from device.protocol import Publish, Topics
 
 log = logging.getLogger("covey.server")
 
 STATUS_PAYLOADS = (b"online", b"offline")
-Publish = Callable[[str, bytes, bool], None]
 Drop = Callable[[str, str, "str | None"], None]
 
 

@@ -15,19 +15,16 @@ no stale models.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
 
 import numpy as np
 
-from device.protocol import SERVER_ID, FrameCodec, FrameExtra, Topics, send_model
-
-PublishRetained = Callable[[str, bytes, bool], None]
+from device.protocol import SERVER_ID, FrameCodec, FrameExtra, Publish, Topics, send_model
 
 
 class SharedModels:
     """Publishes and clears the retained shared models of one coordinator."""
 
-    def __init__(self, topics: Topics, publish: PublishRetained, max_chunk: int, token: str) -> None:
+    def __init__(self, topics: Topics, publish: Publish, max_chunk: int, token: str) -> None:
         self.topics, self._publish, self.max_chunk = topics, publish, max_chunk
         self._live: dict[str, int] = {}  # key -> number of retained chunks
         self._counter = itertools.count()

@@ -144,10 +144,10 @@ def test_the_group_manager_sends_a_delta_to_a_member_that_answered_and_the_broad
     (frame,) = [data for t, data in sent if t == topics.frames("dev1")]
     header = parse_frame(frame)[0]
     assert header.codec in DELTA_CODECS and header.base is not None  # a delta against what dev1 holds
-    assert bases[header.sha256] is second.start_weights  # dev1's output decodes against the float32 original
+    assert bases[header.sha256] is second.sender.start_weights  # dev1's output decodes against the float32 original
     bodies = [decode_message(data).body for t, data in sent if t in (topics.inbox("dev1"), topics.inbox("dev2"))]
     requests = [b for b in bodies if isinstance(b, TrainRequest)]
-    assert [r.shared for r in requests] == [(), (second.shared_key,)]  # dev2 is not known: the broadcast
+    assert [r.shared for r in requests] == [(), (second.sender.shared_key,)]  # dev2 is not known: the broadcast
     assert not any(r.discard_start for r in requests)  # an int8 run: the next start model may be a delta
 
 
@@ -417,8 +417,8 @@ def test_a_group_s_broadcast_goes_in_the_codec_most_members_decode_and_the_other
 
     manager.start(0.0)
 
-    assert manager.shared_key is not None
-    (frame,) = [data for t, data in sent if t == topics.shared_chunk(manager.shared_key, 0)]
+    assert manager.sender.shared_key is not None
+    (frame,) = [data for t, data in sent if t == topics.shared_chunk(manager.sender.shared_key, 0)]
     header = parse_frame(frame)[0]
     own = {t.split("/")[-2]: parse_frame(data)[0] for t, data in sent if t.endswith("/frames")}
     assert header.codec == want
