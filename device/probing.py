@@ -35,6 +35,7 @@ from device.protocol import (
     LinkProbeRequest,
     LinkReport,
     PathReport,
+    Publish,
     Topics,
     WifiInfo,
     send_model,
@@ -42,7 +43,6 @@ from device.protocol import (
 
 log = logging.getLogger("covey.device")
 
-PublishFn = Callable[[str, bytes, bool], None]
 SendFn = Callable[[Any, int], None]
 
 
@@ -62,7 +62,7 @@ class _Probe:
 
 
 def send_probe_frame(
-    publish: PublishFn, topic: str, *, kind: FrameKind, run: str, sender: str, task_id: str, index: int, size: int
+    publish: Publish, topic: str, *, kind: FrameKind, run: str, sender: str, task_id: str, index: int, size: int
 ) -> None:
     """One probe (``size`` filler bytes) or echo (``size`` 0) frame."""
     send_model(
@@ -88,7 +88,7 @@ class LinkProber:
         request: LinkProbeRequest,
         rnd: int,
         *,
-        publish: PublishFn,
+        publish: Publish,
         send: SendFn,
         wifi: Callable[[], WifiReading | None],
         clock: Callable[[], float] = time.monotonic,

@@ -36,6 +36,7 @@ from device.protocol import (
     Message,
     PretrainRequest,
     PretrainResult,
+    Publish,
     ResendRequest,
     Topics,
     TrainRequest,
@@ -49,7 +50,6 @@ from device.state import AgentState, HeldResult
 from device.training import evaluate_locally, pretrain_locally, train_locally
 
 log = logging.getLogger("covey.device")
-Publish = Callable[[str, bytes, bool], None]
 Send = Callable[[Any, int], None]
 InWorker = Callable[..., Any]
 

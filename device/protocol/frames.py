@@ -289,11 +289,11 @@ def frames_size(
     return n_chunks * (len(MAGIC) + 4) + heads + len(data)
 
 
-PublishFn = Callable[[str, bytes, bool], None]
+Publish = Callable[[str, bytes, bool], None]  # (topic, payload, retain): how anything is sent
 
 
 def send_model(
-    publish: PublishFn,
+    publish: Publish,
     topic: str | Callable[[int], str],
     array: np.ndarray,
     *,
