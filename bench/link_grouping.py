@@ -41,8 +41,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
+from server.backend import RoundRecord  # noqa: E402
 from server.records import headline  # noqa: E402
-from server.rounds import RoundRecord  # noqa: E402
 from server.simulation.config import SimulationConfig  # noqa: E402
 from server.simulation.run import run_simulation  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 ``<stem>.json`` holds every effective setting with where it came from (paper
 default, covey default, preset, config file, flag), a summary, and one object per
-round (:class:`~server.rounds.RoundRecord`); ``<stem>.csv`` the rounds flattened;
+round (:class:`~server.backend.RoundRecord`); ``<stem>.csv`` the rounds flattened;
 ``<stem>.png`` accuracy and loss against rounds. Files are written to a temporary
 name, flushed to disk and renamed, so a crash never leaves a half-written result.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from device.state import atomic_write
-from server.rounds import RoundRecord
+from server.backend import RoundRecord
 from server.settings import Setting
 
 

@@ -9,7 +9,7 @@ It hands each collaborator what it needs, never itself: the MQTT side
 (:class:`~server.coordinator.bus.DeviceBus`: identity, reassembly, de-duplication,
 drops and the memory bounds), what arrives from devices
 (:class:`~server.coordinator.inbox.Inbox`), the driver's backend
-(:class:`~server.coordinator.backend.BoardBackend`), plan execution
+(:class:`~server.coordinator.board_backend.BoardBackend`), plan execution
 (:class:`~server.coordinator.execution.RoundExecution`), link measurement
 (:class:`~server.coordinator.prober.LinkProber`), checkpoints
 (:class:`~server.coordinator.persistence.Persistence`), requests, shared models and the
@@ -50,8 +50,9 @@ from device.protocol import (
 from device.runtime import TFLiteModel
 from device.transport import LinkFactory
 from server.artifact import artifact_for_devices
+from server.backend import RoundRecord
 from server.coordinator.admission import Admission
-from server.coordinator.backend import BoardBackend
+from server.coordinator.board_backend import BoardBackend
 from server.coordinator.bus import BusSettings, DeviceBus
 from server.coordinator.execution import ExecutionSettings, RoundExecution
 from server.coordinator.inbox import Inbox, InboxSettings
@@ -64,7 +65,7 @@ from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
 from server.links import DEFAULT_BANDWIDTH_HZ, LinkMatrices
 from server.reference import server_norm
-from server.rounds import RoundDriver, RoundRecord
+from server.rounds import RoundDriver
 from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, RoundPlan, Strategy
 

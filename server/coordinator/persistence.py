@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from device.errors import ConfigError
+from server.backend import record_from_dict, records_as_dicts
 from server.coordinator import checkpoint
 from server.coordinator.registry import Registry
-from server.rounds import RoundDriver, record_from_dict, records_as_dicts
+from server.rounds import RoundDriver
 from server.strategies.base import RoundPlan
 
 log = logging.getLogger("covey.server")

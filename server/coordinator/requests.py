@@ -30,8 +30,8 @@ from device.protocol import (
     Topics,
     send_model,
 )
+from server.backend import EvalJob
 from server.coordinator.shared import SharedModels
-from server.rounds import EvalJob
 
 log = logging.getLogger("covey.server")
 

@@ -19,10 +19,10 @@ import numpy as np
 
 from device.data import read_leaf
 from device.protocol import WireCodec
+from server.backend import RoundRecord
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.loopback import LoopbackBroker, LoopbackFleet
-from server.rounds import RoundRecord
 from server.simulation.datasets import ClientData
 from server.simulation.engine import Simulation
 from server.simulation.faults import Faults

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from device.data import Dataset, read_leaf
+from server.backend import RoundRecord
 from server.coordinator.coordinator import Coordinator, CoordinatorConfig
 from server.fleet import leaf_writers, start_fleet
 from server.reference import server_norm
-from server.rounds import RoundRecord
 from server.screening import ScreeningConfig
 from server.simulation.datasets import ClientData
 from server.simulation.engine import Simulation

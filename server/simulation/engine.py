@@ -1,6 +1,6 @@
 """The simulation backend: virtual devices for the one round driver (no broker).
 
-:class:`VirtualDevices` is the simulator's :class:`~server.rounds.Backend`: it runs
+:class:`VirtualDevices` is the simulator's :class:`~server.backend.Backend`: it runs
 each work unit (one chain, one parallel member, one pre-training, one evaluation)
 with :class:`Trainer`, which calls the same device code a board runs. With
 ``workers > 1`` work units run on that many threads of this process, each with its
@@ -23,7 +23,7 @@ the coordinator relays them with its default hand-off mode (``handoff``,
 record holds the bytes of the frames that carried them (``wire_bytes``: each frame once,
 as sent, the sum of ``wire_bytes_down`` and ``wire_bytes_up``; ``wire_radio_bytes``: what
 the devices' links carried, where a direct hand-off counts on the sender's link and,
-as ``wire_bytes_peer``, on the receiver's; :class:`~server.rounds.RoundStats`,
+as ``wire_bytes_peer``, on the receiver's; :class:`~server.backend.RoundStats`,
 :mod:`server.simulation.wire`).
 """
 
@@ -53,11 +53,12 @@ from device.protocol import (
     upload_codec,
     wire_bits,
 )
+from server.backend import EvalJob, RoundRecord, RoundStats, ServerEvaluator
 from server.costs import CostModel
 from server.defense import ServerNorm
 from server.downlink import DownlinkModels
 from server.hops import HopBound
-from server.rounds import DEFAULT_SCREENING, EvalJob, RoundDriver, RoundRecord, RoundStats, ServerEvaluator
+from server.rounds import DEFAULT_SCREENING, RoundDriver
 from server.screening import ScreeningConfig, update_norm
 from server.simulation.chains import answering_runs
 from server.simulation.datasets import ClientData, Federation, SwapShift

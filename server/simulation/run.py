@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from device.errors import ConfigError
+from server.backend import RoundRecord
 from server.records import plot_runs, summary, write_run
-from server.rounds import RoundRecord
 from server.settings import Setting, resolve_strategy_params, resolve_training
 from server.simulation import datasets
 from server.simulation.config import SimulationConfig

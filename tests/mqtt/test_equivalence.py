@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from server.backend import RoundRecord
 from server.fleet import REPO
 from server.lab.equivalence import run_both
-from server.rounds import RoundRecord
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 from tests.mqtt.conftest import femnist_root

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from device.protocol import EvalRow
-from server.rounds import EvalJob, RoundDriver, RoundStats
+from server.backend import EvalJob, RoundStats
+from server.rounds import RoundDriver
 from server.strategies import make_strategy, strategy_names
 from server.strategies.base import ClientInfo, GroupResult, MemberResult, RoundPlan, TrainConfig
 from tests.server.strategies.fakes import FakeContext, chain_results, parallel_results

@@ -17,18 +17,18 @@ from typing import Any
 import numpy as np
 
 from device.protocol import EvalRow
+from server.backend import EvalJob, RoundStats
 from server.coordinator.bus import DeviceBus
 from server.coordinator.execution import RoundExecution
 from server.coordinator.prober import LinkProber
 from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
 from server.hops import HopBound
-from server.rounds import EvalJob, RoundStats
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan
 
 
 class BoardBackend:
-    """:class:`~server.rounds.Backend` over registered boards.
+    """:class:`~server.backend.Backend` over registered boards.
 
     Parameters
     ----------
