@@ -29,7 +29,8 @@ from covey.paths import ensure_model, femnist_dir
 from device.data import Dataset, read_leaf
 from server.backend import RoundRecord
 from server.broker import free_port, run_mosquitto
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.site import SiteSpec, init_site
 from server.strategies import make_strategy

@@ -151,7 +151,8 @@ def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) ->
     from covey.paths import ensure_model, femnist_dir
     from device.data import read_leaf
     from device.protocol import Message, TrainResult
-    from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+    from server.coordinator.config import CoordinatorConfig
+    from server.coordinator.coordinator import Coordinator
     from server.fleet import start_fleet
     from server.strategies import make_strategy
     from server.strategies.base import TrainConfig

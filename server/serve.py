@@ -22,7 +22,8 @@ from device.data import Dataset, read_leaf
 from device.errors import ConfigError
 from device.mqtt import TlsFiles
 from device.protocol import WIRE_CODECS, WireCodec
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.records import write_run
 from server.screening import ScreeningConfig
 from server.settings import Setting, Source, resolve_strategy_params, resolve_training

@@ -24,7 +24,6 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import numpy as np
 from device.data import Dataset
 from device.errors import TransportError
 from device.manifest import Manifest, load_manifest, manifest_path_for
-from device.mqtt import MqttLink, TlsFiles, Will
+from device.mqtt import MqttLink, Will
 from device.protocol import (
     SERVER_ID,
     Ack,
@@ -41,7 +40,6 @@ from device.protocol import (
     ServerStatus,
     Stop,
     Topics,
-    WireCodec,
     downlink_codec,
     first_codec,
     send_model,
@@ -54,6 +52,7 @@ from server.backend import RoundRecord
 from server.coordinator.admission import Admission
 from server.coordinator.board_backend import BoardBackend
 from server.coordinator.bus import BusSettings, DeviceBus
+from server.coordinator.config import CoordinatorConfig
 from server.coordinator.execution import ExecutionSettings, RoundExecution
 from server.coordinator.inbox import Inbox, InboxSettings
 from server.coordinator.persistence import Persistence
@@ -63,55 +62,12 @@ from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
 from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
-from server.links import DEFAULT_BANDWIDTH_HZ, LinkMatrices
+from server.links import LinkMatrices
 from server.reference import server_norm
 from server.rounds import RoundDriver
-from server.screening import ScreeningConfig
 from server.strategies.base import ClientInfo, RoundPlan, Strategy
 
 log = logging.getLogger("covey.server")
-
-
-@dataclass
-class CoordinatorConfig:
-    run: str
-    host: str
-    port: int
-    state_dir: Path
-    handoff: str = "auto"  # auto | direct | relay | mixed
-    deadline_s: float = 120.0
-    seed: int = 0
-    max_chunk: int = 900_000
-    relay_rtt_ms: float = 250.0  # unused: `auto` relays every chain (server/hops.py); kept for old configs
-    federated_eval_every: int = 0  # evaluate on the devices' own test sets every N rounds (0: never)
-    # partial model payloads held at once: a parallel round has one in flight per device
-    # (each device may hold two models' worth, and only registered devices any)
-    max_pending_mb: int = 4096
-    # payload bytes waiting in the receive queue (beyond: dropped and counted)
-    max_queue_mb: int = 2048
-    username: str | None = None
-    password: str | None = None
-    tls: TlsFiles | None = None
-    # admission control (server/coordinator/admission.py): the provisioned ids of a site
-    # run (None: anyone may register), a cap, and confirmation pings per second
-    allowed_devices: frozenset[str] | None = None
-    max_devices: int = 1000
-    max_registrations_per_s: float = 20.0
-    # what the round driver does with results (server/screening.py; None: no screening),
-    # and how many plans a round may take when every sampled device fails
-    screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)
-    round_attempts: int = 3
-    # link measurement (server/links.py, docs/links.md): probes per path, the goodput
-    # probe's bytes (at most one model), seconds before a probe counts as lost, rounds
-    # between refreshes (0: only before round 1) and Shannon's B for the effective SNR
-    link_probes: int = 3
-    link_probe_bytes: int = 256 * 1024
-    link_probe_timeout_s: float = 5.0
-    link_probe_parallel: int = 1  # devices probing at once: 1 keeps one device's probes off another's path
-    link_measure_max_s: float = 900.0  # a measurement stops asking devices after this long
-    links_every: int = 0
-    link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
-    codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
 
 
 class Coordinator:

@@ -20,7 +20,8 @@ import numpy as np
 from device.data import read_leaf
 from device.protocol import WireCodec
 from server.backend import RoundRecord
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.loopback import LoopbackBroker, LoopbackFleet
 from server.simulation.datasets import ClientData

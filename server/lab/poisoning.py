@@ -19,7 +19,8 @@ import numpy as np
 
 from device.data import Dataset, read_leaf
 from server.backend import RoundRecord
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.reference import server_norm
 from server.screening import ScreeningConfig

@@ -12,7 +12,8 @@ import pytest
 
 from device.mqtt import MqttLink
 from device.protocol import Message, Register, Topics
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

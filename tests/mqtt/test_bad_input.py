@@ -23,7 +23,8 @@ from device.protocol import (
     TrainResult,
     encode_frames,
 )
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

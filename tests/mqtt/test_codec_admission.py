@@ -11,7 +11,8 @@ import pytest
 from device.data import class_counts, read_leaf
 from device.mqtt import MqttLink
 from device.protocol import Message, Register, Stop, Topics, decode_message
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

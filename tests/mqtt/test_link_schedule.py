@@ -15,7 +15,8 @@ import time
 import pytest
 
 from device.protocol import LinkProbeRequest, Topics
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 from tests.mqtt.conftest import register_silent_device

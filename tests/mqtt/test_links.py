@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from device.protocol import LinkReport, Message, PathReport, Topics
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig

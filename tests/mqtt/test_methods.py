@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.loopback import LoopbackBroker
 from server.strategies import make_strategy

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.field.relay import Impairment, Relay
 from server.fleet import leaf_writers, start_fleet
 from server.strategies import make_strategy

@@ -124,7 +124,8 @@ def test_a_flood_on_one_lane_leaves_room_for_the_others(broker, caplog) -> None:
 def test_queue_full_drops_reach_the_round_record_and_the_agent_stats(tmp_path) -> None:
     from covey.paths import ensure_model
     from device.agent import Agent, AgentConfig
-    from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+    from server.coordinator.config import CoordinatorConfig
+    from server.coordinator.coordinator import Coordinator
     from server.strategies import make_strategy
 
     # Prepare: a coordinator and an agent whose links lost messages (no broker needed)

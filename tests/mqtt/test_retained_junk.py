@@ -45,7 +45,8 @@ def _retained_now(broker, topics: Topics) -> dict[str, bytes]:  # type: ignore[n
 
 def test_the_coordinator_clears_what_a_device_retained_beyond_its_status(broker, tmp_path) -> None:
     from covey.paths import ensure_model
-    from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+    from server.coordinator.config import CoordinatorConfig
+    from server.coordinator.coordinator import Coordinator
     from server.strategies import make_strategy
 
     # Prepare: a board parks junk, retained, on its own topics and on a peer's hand-off topic

@@ -21,7 +21,8 @@ import pytest
 from device.errors import CoveyError
 from device.mqtt import MqttLink
 from device.protocol import MAGIC, FrameExtra, Topics, decode_message, encode_frames, parse_frame
-from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
 from server.fleet import leaf_writers, start_fleet
 from server.lab.fuzzing.mutate import mutate_bytes
 from server.lab.fuzzing.targets import all_targets

@@ -74,7 +74,8 @@ def message(body: object, sender: str) -> bytes:
 
 def test_a_device_connects_over_tls_by_ip_and_registers(site_broker, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from covey.paths import ensure_model
-    from server.coordinator.coordinator import Coordinator, CoordinatorConfig
+    from server.coordinator.config import CoordinatorConfig
+    from server.coordinator.coordinator import Coordinator
     from server.fleet import leaf_writers, start_fleet
     from server.strategies import make_strategy
     from tests.mqtt.conftest import femnist_root
