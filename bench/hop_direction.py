@@ -13,7 +13,12 @@ stay above the random directions' largest |cosine|.
 Prints ``figure hop_cos_min``, ``figure hop_cos_median_first``, ``figure
 hop_cos_median_last``, ``figure random_cos_max_abs`` and ``figure
 honest_hops_within_random_frac`` (the share of honest hops whose |cosine| is at most
-``random_cos_max_abs``: what the second test would refuse).
+``random_cos_max_abs``: what the second test would refuse). And a loss test (Zeno, Xie
+et al. 2019: refuse a hop that raises the server's held-out loss): ``figure
+random_hop_loss_delta_max_abs`` (how far a random direction at the honest norm moves
+that loss) and ``figure honest_hops_raising_loss_frac`` (the share of honest hops that
+raise it by more: what a loss test that refuses the random direction's harm would
+refuse).
 
 Usage: ``python bench/hop_direction.py [--rounds 60] [--devices 7]``
 """
@@ -59,14 +64,26 @@ def main(argv: list[str] | None = None) -> int:
     weights = model.get_weights().copy()
     honest: list[list[float]] = []
     random: list[float] = []
+    loss_honest: list[float] = []  # the server's held-out loss after a hop minus before it
+    loss_random: list[float] = []
+
+    def server_loss(w: np.ndarray) -> float:
+        model.set_weights(w)
+        return float(model.evaluate(server_data.x, server_data.y).loss)
+
     for rnd in range(1, args.rounds + 1):
         server = train_locally(model, server_data, settings, start=weights, seed=1, rnd=rnd, device_id="server")
         reference = server.weights - weights
         current, row = weights.copy(), []
         for k, writer in enumerate(leaf_writers(root, args.devices)):
             out = train_locally(model, train[writer], settings, start=current, seed=1, rnd=rnd, device_id=f"dev{k:03d}")
-            row.append(cosine(out.weights - current, reference))
-            random.append(cosine(rng.standard_normal(reference.shape).astype(np.float32), reference))
+            hop = out.weights - current
+            noise = rng.standard_normal(reference.shape).astype(np.float32)
+            row.append(cosine(hop, reference))
+            random.append(cosine(noise, reference))
+            before = server_loss(current)
+            loss_honest.append(server_loss(out.weights) - before)
+            loss_random.append(server_loss(current + noise * (np.linalg.norm(hop) / np.linalg.norm(noise))) - before)
             current = out.weights
         weights = current
         honest.append(row)
@@ -80,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"figure random_cos_max_abs = {random_max:.4f}")
     within = float(np.mean([abs(c) <= random_max for row in honest for c in row]))
     print(f"figure honest_hops_within_random_frac = {within:.3f}")
+    # Zeno's test (Xie et al. 2019): a hop that raises the server's held-out loss is
+    # refused. A random direction at the honest norm barely moves it; honest hops move it
+    # both ways, far more
+    random_loss = max(abs(d) for d in loss_random)
+    print(f"figure random_hop_loss_delta_max_abs = {random_loss:.4f}")
+    print(f"figure honest_hops_raising_loss_frac = {float(np.mean([d > random_loss for d in loss_honest])):.3f}")
     return 0
 
 
