@@ -34,6 +34,7 @@ import numpy as np
 from device.errors import DataError, ModelError, WeightsError
 from device.manifest import Manifest, load_manifest, manifest_path_for, read_verified_model
 from device.memory import pin_mmap_threshold
+from device.native_log import first_allocation
 
 log = logging.getLogger(__name__)
 
@@ -215,10 +216,10 @@ class _TensorIO:
     outputs: dict[str, int]
 
     def allocate(self) -> None:
-        self.wrapper.AllocateTensors(self.subgraph)
+        first_allocation(self.wrapper.AllocateTensors, self.subgraph)
 
     def invoke(self) -> None:
-        self.wrapper.AllocateTensors(self.subgraph)
+        first_allocation(self.wrapper.AllocateTensors, self.subgraph)
         self.wrapper.Invoke(self.subgraph)
 
     def input(self, key: str) -> np.ndarray:
@@ -297,7 +298,7 @@ class _SignatureCall:
         for name, value in values.items():
             if self.shapes.get(name) != value.shape:
                 self.resize(name, value.shape)
-        wrapper.AllocateTensors(subgraph)
+        first_allocation(wrapper.AllocateTensors, subgraph)
         for name, value in values.items():
             wrapper.SetTensor(inputs[name], value, subgraph)
         wrapper.Invoke(subgraph)

@@ -1,0 +1,47 @@
+"""The interpreter's start-up banner stays off the terminal; nothing else written to
+standard error meanwhile is lost (each case in a fresh process: the banner comes once
+per process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BANNER = "INFO: Created TensorFlow Lite XNNPACK delegate for CPU."
+
+
+def _run(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_model_s_first_use_prints_no_banner_on_standard_error(zoo_model) -> None:
+    path = zoo_model("mlp_femnist")
+    done = _run(
+        "import numpy as np\n"
+        "from device.runtime import TFLiteModel\n"
+        f"m = TFLiteModel({str(path)!r}, num_threads=1)\n"
+        "m.evaluate(np.zeros((4, 784), np.float32), np.zeros(4, np.int64))\n"
+        "print('trained', flush=True)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "trained" in done.stdout
+    assert BANNER not in done.stderr, done.stderr
+
+
+def test_what_else_reaches_standard_error_during_the_first_allocation_is_written_back() -> None:
+    done = _run(
+        "import os, sys\n"
+        "from device.native_log import first_allocation\n"
+        "def allocate(n):\n"
+        f"    os.write(2, b'a real warning\\n{BANNER}\\nanother line\\n')\n"
+        "    return n + 1\n"
+        "assert first_allocation(allocate, 1) == 2\n"
+        f"first_allocation(lambda: os.write(2, b'{BANNER}\\n'))\n"
+        "print('stderr still works', file=sys.stderr)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == ["a real warning", "another line", BANNER, "stderr still works"]
