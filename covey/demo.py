@@ -65,6 +65,7 @@ def run_demo(
 ) -> int:
     from covey.paths import ensure_model
     from server.broker import start_embedded
+    from server.coordinator.config import CoordinatorConfig
     from server.fleet import start_fleet
     from server.serve import ServeOptions, serve
 
@@ -90,18 +91,13 @@ def run_demo(
             print(f"{devices} device agents started (one FEMNIST writer each), run {run}", flush=True)
             coord = serve(
                 ServeOptions(
-                    run=run,
-                    host=host,
-                    port=port,
+                    CoordinatorConfig(run, host, port, out_dir, handoff="auto", deadline_s=60.0),
                     strategy="fedgsp",
                     strategy_params={"growth": "log", "alpha": 1.0, "beta": 2, "kappa": 1.0},
                     model_path=model_path,
                     rounds=rounds,
                     min_devices=devices,
-                    state_dir=out_dir,
                     eval_dir=root,
-                    handoff="auto",
-                    deadline_s=60.0,
                     register_timeout=120.0,
                 )
             )

@@ -115,6 +115,7 @@ def _connection(args: argparse.Namespace) -> Connection:
 
 def _cmd_server_run(args: argparse.Namespace) -> int:
     from server.broker import advertised_host, check_listen, is_loopback
+    from server.coordinator.config import CoordinatorConfig
     from server.paths import ensure_model
     from server.serve import ServeOptions, prepare_serve, serve
     from server.simulation.config import parse_assignments
@@ -128,37 +129,39 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
     else:
         model_path = Path(f"{args.model}.tflite")  # replaced by the built (or cached) model below
     options = ServeOptions(
-        run=conn.run,
-        host=conn.host or "127.0.0.1",
-        port=conn.port,
+        CoordinatorConfig(
+            conn.run,
+            conn.host or "127.0.0.1",
+            conn.port,
+            Path(args.state_dir),
+            handoff=args.handoff,
+            deadline_s=args.deadline,
+            seed=args.seed,
+            federated_eval_every=args.federated_eval_every,
+            username=conn.username,
+            password=conn.password,
+            tls=conn.tls,
+            allowed_devices=conn.allowed_devices,
+            max_devices=args.max_devices,
+            screening=_screening(args),
+            round_attempts=args.round_attempts,
+            links_every=args.links_every,
+            link_bandwidth_hz=args.link_bandwidth_mhz * 1e6,
+            codec=args.codec or "fp32",
+        ),
         strategy=args.strategy,
         strategy_params=parse_assignments(args.set),
         model_path=model_path,
         rounds=args.rounds,
         min_devices=args.min_devices,
-        state_dir=Path(args.state_dir),
         eval_dir=Path(args.eval_data) if args.eval_data else None,
         epochs=args.epochs,
         batch=args.batch,
         lr=args.lr,
-        handoff=args.handoff,
-        deadline_s=args.deadline,
-        seed=args.seed,
         register_timeout=args.register_timeout,
         resume=args.resume,
         advertise=args.advertise,
-        federated_eval_every=args.federated_eval_every,
-        username=conn.username,
-        password=conn.password,
-        tls=conn.tls,
         advertise_host=conn.advertise_host or advertised_host(listen),
-        allowed_devices=conn.allowed_devices,
-        max_devices=args.max_devices,
-        screening=_screening(args),
-        round_attempts=args.round_attempts,
-        links_every=args.links_every,
-        link_bandwidth_hz=args.link_bandwidth_mhz * 1e6,
-        codec=args.codec or "fp32",
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
@@ -168,14 +171,14 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         from server.broker import start_mosquitto
 
         handle = start_mosquitto(port=args.port, listen=listen)
-        options.host, options.port = handle.host, handle.port
+        options.coordinator.host, options.coordinator.port = handle.host, handle.port
         print(f"started mosquitto on {listen}:{handle.port} (anonymous clients)")
     if args.advertise and options.advertise_host and is_loopback(options.advertise_host):
         log.warning(
             "advertising %s:%s, which only agents on this machine can reach; boards elsewhere need --listen "
             "0.0.0.0 (or a LAN address) or a --broker they can reach",
             options.advertise_host,
-            options.port,
+            options.coordinator.port,
         )
     try:
         coord = serve(prepared)

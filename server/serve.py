@@ -20,8 +20,7 @@ import numpy as np
 
 from device.data import Dataset, read_leaf
 from device.errors import ConfigError
-from device.mqtt import TlsFiles
-from device.protocol import WIRE_CODECS, WireCodec
+from device.protocol import WIRE_CODECS
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.records import write_run
@@ -36,37 +35,23 @@ RESULTS_STEM = "results"
 
 @dataclass
 class ServeOptions:
-    run: str
-    host: str
-    port: int
+    """What ``covey server run`` runs: the coordinator's own settings (``coordinator``,
+    passed on whole) and what the command adds around them."""
+
+    coordinator: CoordinatorConfig
     strategy: str
     strategy_params: dict[str, Any]
     model_path: Path
     rounds: int
     min_devices: int
-    state_dir: Path
     eval_dir: Path | None = None
     epochs: int | None = None  # None: the strategy's paper value
     batch: int | None = None
     lr: float | None = None
-    handoff: str = "auto"
-    deadline_s: float = 120.0
-    seed: int = 0
     register_timeout: float = 300.0
     resume: bool = False
     advertise: bool = False
-    advertise_host: str | None = None  # the broker host boards are told (None: ``host``); see advertised_host
-    federated_eval_every: int = 0
-    username: str | None = None
-    password: str | None = None
-    tls: TlsFiles | None = None
-    allowed_devices: frozenset[str] | None = None  # None: any device may register
-    max_devices: int = 1000
-    screening: ScreeningConfig | None = field(default_factory=ScreeningConfig)  # None: no screening, plain mean
-    round_attempts: int = 3
-    links_every: int = 0  # rounds between link measurements after the first (0: only before round 1)
-    link_bandwidth_hz: float = 20e6
-    codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
+    advertise_host: str | None = None  # the broker host boards are told (None: the coordinator's host)
     origins: dict[str, Source] = field(default_factory=dict)  # who set what (flag, preset...)
 
 
@@ -81,20 +66,21 @@ class PreparedServe:
 
 def prepare_serve(opts: ServeOptions) -> PreparedServe:
     """Check every setting before anything connects or is written."""
+    c = opts.coordinator
     for name, value, low in (
         ("--rounds", opts.rounds, 1),
         ("--min-devices", opts.min_devices, 1),
-        ("--seed", opts.seed, 0),
-        ("--federated-eval-every", opts.federated_eval_every, 0),
-        ("--max-devices", opts.max_devices, 1),
-        ("--round-attempts", opts.round_attempts, 1),
-        ("--links-every", opts.links_every, 0),
+        ("--seed", c.seed, 0),
+        ("--federated-eval-every", c.federated_eval_every, 0),
+        ("--max-devices", c.max_devices, 1),
+        ("--round-attempts", c.round_attempts, 1),
+        ("--links-every", c.links_every, 0),
     ):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
-    if opts.codec not in WIRE_CODECS:
-        raise ConfigError(f"--codec must be one of {', '.join(WIRE_CODECS)}, got {opts.codec!r}")
-    if opts.deadline_s <= 0 or opts.register_timeout <= 0:
+    if c.codec not in WIRE_CODECS:
+        raise ConfigError(f"--codec must be one of {', '.join(WIRE_CODECS)}, got {c.codec!r}")
+    if c.deadline_s <= 0 or opts.register_timeout <= 0:
         raise ConfigError("--deadline and --register-timeout must be positive numbers of seconds")
     origin = opts.origins
     given_train = {
@@ -111,13 +97,13 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
             f"{opts.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
             f"{opts.min_devices}: raise --min-devices or lower the strategy's setting (covey strategies lists them)"
         )
-    if not 0 < opts.link_bandwidth_hz < float("inf"):
-        raise ConfigError(f"--link-bandwidth-mhz must be a positive number, got {opts.link_bandwidth_hz / 1e6:g}")
-    if opts.max_devices < opts.min_devices:
-        raise ConfigError(f"--max-devices {opts.max_devices} admits fewer than --min-devices {opts.min_devices}")
-    if opts.allowed_devices is not None and len(opts.allowed_devices) < opts.min_devices:
+    if not 0 < c.link_bandwidth_hz < float("inf"):
+        raise ConfigError(f"--link-bandwidth-mhz must be a positive number, got {c.link_bandwidth_hz / 1e6:g}")
+    if c.max_devices < opts.min_devices:
+        raise ConfigError(f"--max-devices {c.max_devices} admits fewer than --min-devices {opts.min_devices}")
+    if c.allowed_devices is not None and len(c.allowed_devices) < opts.min_devices:
         raise ConfigError(
-            f"only {len(opts.allowed_devices)} devices may register (the site's, or --allow-devices) but "
+            f"only {len(c.allowed_devices)} devices may register (the site's, or --allow-devices) but "
             f"--min-devices is {opts.min_devices}: add devices (`covey site add-device`) or lower --min-devices"
         )
     if opts.eval_dir is not None and not opts.eval_dir.exists():
@@ -125,22 +111,22 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
     settings = {
         "strategy": Setting(opts.strategy, Source.FLAG, "--strategy"),
         "rounds": Setting(opts.rounds, Source.FLAG, "--rounds"),
-        "seed": Setting(opts.seed, Source.FLAG, "--seed"),
-        "handoff": Setting(opts.handoff, Source.FLAG, "--handoff"),
-        "deadline_s": Setting(opts.deadline_s, Source.FLAG, "--deadline"),
+        "seed": Setting(c.seed, Source.FLAG, "--seed"),
+        "handoff": Setting(c.handoff, Source.FLAG, "--handoff"),
+        "deadline_s": Setting(c.deadline_s, Source.FLAG, "--deadline"),
         "model": Setting(opts.model_path.stem, Source.FLAG, str(opts.model_path)),
         "allowed_devices": Setting(
-            sorted(opts.allowed_devices) if opts.allowed_devices is not None else "any",
-            Source.FLAG if opts.allowed_devices is not None else Source.DEFAULT,
+            sorted(c.allowed_devices) if c.allowed_devices is not None else "any",
+            Source.FLAG if c.allowed_devices is not None else Source.DEFAULT,
             "--allow-devices or the site's devices",
         ),
-        "max_devices": Setting(opts.max_devices, Source.FLAG, "--max-devices"),
-        "round_attempts": Setting(opts.round_attempts, Source.FLAG, "--round-attempts"),
-        "links_every": Setting(opts.links_every, Source.FLAG, "--links-every"),
-        "link_bandwidth_hz": Setting(opts.link_bandwidth_hz, Source.FLAG, "--link-bandwidth-mhz"),
-        "codec": Setting(opts.codec, Source.FLAG, "--codec"),
-        "federated_eval_every": Setting(opts.federated_eval_every, Source.FLAG, "--federated-eval-every"),
-        **_screening_settings(opts.screening),
+        "max_devices": Setting(c.max_devices, Source.FLAG, "--max-devices"),
+        "round_attempts": Setting(c.round_attempts, Source.FLAG, "--round-attempts"),
+        "links_every": Setting(c.links_every, Source.FLAG, "--links-every"),
+        "link_bandwidth_hz": Setting(c.link_bandwidth_hz, Source.FLAG, "--link-bandwidth-mhz"),
+        "codec": Setting(c.codec, Source.FLAG, "--codec"),
+        "federated_eval_every": Setting(c.federated_eval_every, Source.FLAG, "--federated-eval-every"),
+        **_screening_settings(c.screening),
         **train_settings,
         **param_settings,
     }
@@ -169,28 +155,10 @@ def leaf_eval_set(root: Path) -> Dataset:
 def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coordinator:
     prepared = opts if isinstance(opts, PreparedServe) else prepare_serve(opts)
     o = prepared.options
+    c = o.coordinator
     eval_data = leaf_eval_set(o.eval_dir) if o.eval_dir else None
     coord = Coordinator(
-        CoordinatorConfig(
-            o.run,
-            o.host,
-            o.port,
-            o.state_dir,
-            handoff=o.handoff,
-            deadline_s=o.deadline_s,
-            seed=o.seed,
-            federated_eval_every=o.federated_eval_every,
-            username=o.username,
-            password=o.password,
-            tls=o.tls,
-            allowed_devices=o.allowed_devices,
-            max_devices=o.max_devices,
-            screening=o.screening,
-            round_attempts=o.round_attempts,
-            links_every=o.links_every,
-            link_bandwidth_hz=o.link_bandwidth_hz,
-            codec=o.codec,
-        ),
+        c,
         prepared.strategy,
         o.model_path,
         eval_data,
@@ -201,7 +169,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
         if o.advertise:
             from device.discovery import advertise
 
-            zc = advertise(o.run, o.advertise_host or o.host, o.port)
+            zc = advertise(c.run, o.advertise_host or c.host, c.port)
         resumed = o.resume and coord.resume()
         from tqdm import tqdm
 
@@ -224,14 +192,14 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
         if not resumed:
             coord.setup_strategy()
         coord.driver.last_round = o.rounds
-        title = f"{o.strategy} over MQTT ({o.run})"
+        title = f"{o.strategy} over MQTT ({c.run})"
         with tqdm(
             total=o.rounds, initial=coord.driver.rnd, desc=f"{o.strategy} rounds", unit="round", disable=not progress
         ) as bar:
             while coord.driver.rnd < o.rounds:
                 rec = coord.step()
                 write_run(
-                    o.state_dir,
+                    c.state_dir,
                     RESULTS_STEM,
                     records=coord.records,
                     settings=prepared.settings,
@@ -244,7 +212,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
                 bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)
         write_run(
-            o.state_dir,
+            c.state_dir,
             RESULTS_STEM,
             records=coord.records,
             settings=prepared.settings,
