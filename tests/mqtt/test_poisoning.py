@@ -1,8 +1,10 @@
-"""Poisoning over MQTT: one of eight agents boosts every update x100 (FedAvg on FEMNIST
-writers). With screening on, the final server-side accuracy stays within 2 points of
-the clean run with the same seed and the poisoner's updates are refused and counted;
-with screening off the model is wrecked. The screened board run also gives the same
-model as the screened simulation: boards and virtual devices screen alike."""
+"""Poisoning over MQTT: one of eight agents, a process of its own, boosts every update
+x100 (FedAvg on FEMNIST writers). With screening on, the poisoner's updates are refused
+and counted every round, no honest one is, the final server-side accuracy stays within 2
+points of the clean run with the same seed, and the board run gives the same model as
+the screened simulation: boards and virtual devices screen alike. (What screening off
+costs, and the clean run itself, are the simulation's to show, equal to boards:
+``tests/server/simulation/test_poisoning.py``, ``tests/mqtt/test_equivalence.py``.)"""
 
 from __future__ import annotations
 
@@ -27,9 +29,7 @@ def _fedavg():  # type: ignore[no-untyped-def]
     return make_strategy("fedavg", train=TRAIN, clients_per_round=DEVICES)
 
 
-def test_one_poisoner_in_eight_is_screened_out_and_wrecks_the_model_without_screening(
-    broker, femnist_eval, tmp_path
-) -> None:
+def test_one_poisoner_in_eight_is_screened_out_on_boards_as_in_simulation(broker, femnist_eval, tmp_path) -> None:
     from covey.paths import ensure_model
 
     # Prepare
@@ -38,28 +38,18 @@ def test_one_poisoner_in_eight_is_screened_out_and_wrecks_the_model_without_scre
     runs = {"n_devices": DEVICES, "seed": SEED}
 
     # Execute
-    clean = on_boards(
-        _fedavg, **boards, **runs, screening=ScreeningConfig(), poisoner_script=None, work=tmp_path / "c", run="p-clean"
-    )
     screened = on_boards(
         _fedavg, **boards, **runs, screening=ScreeningConfig(), poisoner_script=SCRIPT, work=tmp_path / "s", run="p-on"
     )
-    unscreened = on_boards(
-        _fedavg, **boards, **runs, screening=None, poisoner_script=SCRIPT, work=tmp_path / "u", run="p-off"
-    )
-    simulated = simulate(_fedavg, **common, rounds=ROUNDS, **runs, screening=ScreeningConfig(), scale=SCALE)
+    sim = {**common, "rounds": ROUNDS, **runs, "screening": ScreeningConfig()}
+    clean, simulated = simulate(_fedavg, **sim, scale=None), simulate(_fedavg, **sim, scale=SCALE)
 
     # Assert: screened, the poisoner changes the final accuracy by less than 2 points
     drop = 100 * (clean.final_accuracy - screened.final_accuracy)
-    damage = 100 * (clean.final_accuracy - unscreened.final_accuracy)
-    shown = {k: f"{100 * o.final_accuracy:.1f} %" for k, o in (("clean", clean), ("on", screened), ("off", unscreened))}
+    shown = f"clean {clean.final_accuracy:.1%}, screened {screened.final_accuracy:.1%}"
     print(f"server accuracy after {ROUNDS} rounds: {shown}")
     assert abs(drop) < 2.0, drop
     assert clean.rejected == {}  # no honest update was refused
     assert screened.rejected == {POISONER: ROUNDS}  # every poisoned update refused, and only those
     assert all(r.dropped.get("screened: update norm") == 1 and r.trained == DEVICES for r in screened.records)
     assert float(np.max(np.abs(screened.weights - simulated.weights))) <= 1e-5  # screened alike
-    # unscreened, the damage is plain
-    assert damage > 10.0, damage
-    # only the guard's bound holds (1,000 times the reference): honest devices are never refused
-    assert set(unscreened.rejected) <= {POISONER}
