@@ -45,3 +45,27 @@ def test_what_else_reaches_standard_error_during_the_first_allocation_is_written
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines() == ["a real warning", "another line", BANNER, "stderr still works"]
+
+
+def test_an_allocation_runs_as_it_is_when_there_is_nowhere_to_catch_the_banner(tmp_path) -> None:
+    # Reviewed on 2026-11-27: with no temporary folder every allocation failed, and a
+    # closed standard error failed each one too
+    done = _run(
+        "import os, sys, tempfile\n"
+        "from device.native_log import first_allocation\n"
+        f"tempfile.tempdir = {str(tmp_path / 'gone')!r}\n"
+        "assert first_allocation(lambda n: n + 1, 1) == 2\n"
+        "assert first_allocation(lambda n: n + 1, 2) == 3\n"
+        "print('allocated', flush=True)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "allocated\n"
+    closed = _run(
+        "import os, sys\n"
+        "sys.stderr = None\n"
+        "os.close(2)\n"
+        "from device.native_log import first_allocation\n"
+        "assert first_allocation(lambda: 7) == 7\n"
+        "print('allocated', flush=True)\n"
+    )
+    assert closed.returncode == 0 and closed.stdout == "allocated\n", closed
