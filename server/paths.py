@@ -53,9 +53,12 @@ def ensure_model(name: str, seed: int = 0) -> Path:
 
     Processes that ask at once (two commands on a fresh cache, the test suite's
     workers) take turns on a lock file beside the model: one builds, the others then
-    find it built, never half written."""
+    find it built. (A build killed while writing can leave a partial file that counts
+    as built: delete the cache folder then.)"""
     out = cache_dir() / "zoo" / f"{models_source_hash()}-seed{seed}"
     model_path = out / f"{name}.tflite"
+    if model_path.exists() and model_path.with_suffix(".json").exists():
+        return model_path  # built (a read-only cache needs no lock)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / f".{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
