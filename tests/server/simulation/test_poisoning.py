@@ -77,6 +77,7 @@ def test_screening_refuses_the_poisoner_and_keeps_the_accuracy(setting, clean_ru
     assert 100 * (clean.final_accuracy - unscreened.final_accuracy) > 9.0
     assert clean.rejected == {}
     assert screened.rejected[POISONER] == ROUNDS  # every poisoned update refused
+    assert set(unscreened.rejected) <= {POISONER}  # screening off, the guard's bound never refuses an honest one
     if name != "fedgsp":  # a refused chain also names the poisoner's honest partner
         assert set(screened.rejected) == {POISONER}
 
