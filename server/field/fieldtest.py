@@ -121,12 +121,9 @@ class TrafficMeter:
     ``results.json`` records another round (polled every ``interval`` s on its own
     thread). Rounds recorded between two polls share the bytes between them equally;
     at a 0.1 s poll against rounds of seconds that does not happen in practice.
-
-    Each reading waits until the links are still (no counter moved for
-    ``settle_s / 10``, at most ``settle_s``): a packet in a shaped link's ``tbf`` queue
-    is counted where it entered the LAN but not yet where it leaves it (at 128 Mbit/s
-    and 400 ms the queue holds up to 6.4 MB), so a reading taken mid-transfer puts one
-    side's bytes in one round and the other side's in the next.
+    Bytes still queued on a shaped link toward a host count as received by it
+    (:meth:`~server.field.netns.Lab.link_bytes`), so a reading mid-transfer puts both
+    ends of a packet in the same round.
 
     The count starts at zero rounds whatever ``results.json`` holds at the start: a
     field test's coordinator starts afresh and replaces the file of an earlier test in
@@ -141,18 +138,15 @@ class TrafficMeter:
     devices : the lab's host names of the devices (the rest: ``server``, ``broker``).
     """
 
-    def __init__(
-        self, lab: Lab, results: Path, devices: Sequence[str], interval: float = 0.1, settle_s: float = 1.0
-    ) -> None:
+    def __init__(self, lab: Lab, results: Path, devices: Sequence[str], interval: float = 0.1) -> None:
         self.lab, self.results, self.devices, self.interval = lab, results, tuple(devices), interval
-        self.settle_s = settle_s
         self._seen: tuple[int, int] | None = None
         self._rounds()  # an earlier test's file: seen, not counted
         self._lock = threading.Lock()  # the thread's polls and stop()'s last one
         self._samples: list[tuple[int, dict[str, LinkBytes]]] = []
         self.error = ""
         try:
-            self._samples.append((0, self._still_bytes()))
+            self._samples.append((0, lab.link_bytes()))
         except _LAB_FAILURES as e:
             self.error = f"the lab's link counters could not be read: {e}"
         self._stop = threading.Event()
@@ -185,19 +179,7 @@ class TrafficMeter:
                 return
             rounds = self._rounds()
             if rounds is not None and rounds > self._samples[-1][0]:
-                self._samples.append((rounds, self._still_bytes()))
-
-    def _still_bytes(self) -> dict[str, LinkBytes]:
-        """The counters once no packet moved for ``settle_s / 10`` (or after ``settle_s``)."""
-        last = self.lab.link_bytes()
-        deadline = time.monotonic() + self.settle_s
-        while time.monotonic() < deadline:
-            time.sleep(self.settle_s / 10)
-            now = self.lab.link_bytes()
-            if now == last:
-                break
-            last = now
-        return last
+                self._samples.append((rounds, self.lab.link_bytes()))
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):

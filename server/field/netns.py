@@ -162,12 +162,36 @@ class Lab:
 
     def link_bytes(self) -> dict[str, LinkBytes]:
         """Every host's link counters so far, by host name: read on the LAN side of its
-        veth, where what the LAN sends is what the host receives."""
-        listing = _ip("-n", self.lan, "-s", "-j", "link", "show").stdout
+        veth, where what the LAN sends is what the host receives. What waits in the
+        queue of a shaped link toward the host (``tbf`` holds up to rate x 400 ms: 6.4 MB
+        at 128 Mbit/s) counts as received: it has left the sender, and a reading that
+        missed it would put the two ends of one transfer in different rounds."""
+        # the queues first, then the counters: what leaves a queue between the two reads
+        # is counted twice, what enters it once on the sender's side only, and in a
+        # steady transfer the two are the same bytes (read the other way round, both
+        # errors have the same sign: the device showed 11 kB more than was sent)
+        both = subprocess.run(
+            ["ip", "netns", "exec", self.lan, "sh", "-c", "tc -s -j qdisc show; echo; ip -s -j link show"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
+        queues, _, listing = both.partition("\n")
         try:
             stats = {e["ifname"]: e["stats64"] for e in json.loads(listing)}
+            # a queue counts a segmentation-offload packet with the headers of every
+            # segment it will become, the link counters with one: the backlog is taken in
+            # the link's units, by the ratio of what the link and the queue counted so far
+            queued: dict[str, float] = {}
+            for q in json.loads(queues or "[]"):
+                dev, backlog, through = q["dev"], int(q.get("backlog", 0)), int(q.get("bytes", 0))
+                sent = int(stats[dev]["tx"]["bytes"]) if dev in stats else 0
+                queued[dev] = queued.get(dev, 0.0) + (backlog * min(1.0, sent / through) if through else backlog)
             return {
-                name: LinkBytes(down=int(stats[h.lan_if]["tx"]["bytes"]), up=int(stats[h.lan_if]["rx"]["bytes"]))
+                name: LinkBytes(
+                    down=int(stats[h.lan_if]["tx"]["bytes"]) + round(queued.get(h.lan_if, 0.0)),
+                    up=int(stats[h.lan_if]["rx"]["bytes"]),
+                )
                 for name, h in self.hosts.items()
             }
         except (ValueError, KeyError, TypeError) as e:  # an iproute2 without -j, or a link gone

@@ -186,9 +186,9 @@ def test_the_traffic_meter_counts_the_new_test_s_rounds_and_not_an_earlier_test_
 
 
 @pytest.mark.slow
-def test_the_traffic_meter_reads_a_round_once_a_shaped_link_s_queue_has_drained(tmp_path) -> None:
+def test_the_traffic_meter_counts_what_a_shaped_link_still_queues_as_received(tmp_path) -> None:
     # On 2026-11-27 a field test's round counted 1.7 MB more at the devices than the
-    # broker sent: a reading taken while a model sat in a shaped link's tbf queue,
+    # broker sent: the reading came while a model sat in a shaped link's tbf queue,
     # counted where it entered the LAN in one round and where it left it in the next.
     with Lab() as lab:
         # Prepare: a device on an 8 Mbit/s link (its queue holds ~460 kB) swallows what
@@ -198,18 +198,19 @@ def test_the_traffic_meter_reads_a_round_once_a_shaped_link_s_queue_has_drained(
         lab.start(d1, [sys.executable, "-c", SINK.format(ip=d1.ip)])
         lab.wait_for_port(broker, d1.ip, 9000)
         results = tmp_path / "results.json"
-        meter = TrafficMeter(lab, results, ["d001"], interval=3600, settle_s=5.0)  # polled by hand below
+        meter = TrafficMeter(lab, results, ["d001"], interval=3600)  # polled by hand below
 
-        # Execute: 1 MB to the device; the sender exits with much of it still queued
+        # Execute: 1 MB to the device; the round is read as the sender exits, much of the
+        # megabyte still queued on the device's link
         sent = lab.run(broker, [sys.executable, "-c", SEND.format(ip=d1.ip, n=1_000_000)])
         assert sent.returncode == 0, sent.stderr
         _rounds(results, 1)
         meter.poll()
         traffic = meter.stop()
 
-    # Assert: what the broker's host sent in the round is what reached the device (to
-    # 1 %: the LAN's own chatter, such as multicast from the other hosts, reaches the
-    # device too; a reading mid-transfer missed 830 kB)
+    # Assert: what the broker's host sent in the round is what the device received or has
+    # queued toward it (to 1 %: the LAN's own chatter, such as multicast from the other
+    # hosts, reaches the device too; without the queue the two differed by ~460 kB)
     assert len(traffic.devices) == 1, traffic
-    assert traffic.devices[0].down >= 1_000_000, traffic
+    assert traffic.devices[0].down > 100_000, traffic
     assert abs(traffic.broker[0].up - traffic.devices[0].down) < 10_000, traffic
