@@ -53,7 +53,6 @@ from device.protocol import (
     ServerStatus,
     Stop,
     Topics,
-    TrainFailed,
     TrainRequest,
     check_id,
     decode_message,
@@ -430,12 +429,7 @@ class Agent:
         except WeightsError as exc:
             log.warning("%s: training %s failed: %s; told the server", self.me, task.request.task_id, exc)
             self.stats.drop("training diverged")
-            body = TrainFailed(task.request.task_id, "diverged", str(exc)[:300])
-            self._publish(
-                self.topics.results(self.me),
-                Message.of(body, run=self.cfg.run, sender=self.me, round=task.round).encode(),
-                False,
-            )
+            runner.report_failed(task.request, task.round, str(exc))
 
     def _sync_peers(self) -> None:
         """Subscribe to exactly the peers this device may hear from now: the predecessors of

@@ -54,9 +54,13 @@ class HeldResult:
 
 @dataclass
 class AgentState:
+    """A device's finished tasks and held results; ``persist=False`` keeps them in memory
+    only (a simulated device, which no restart can lose)."""
+
     directory: Path
     done_tasks: list[str] = field(default_factory=list)
     held: dict[str, HeldResult] = field(default_factory=dict)
+    persist: bool = True
 
     @property
     def _file(self) -> Path:
@@ -107,18 +111,19 @@ class AgentState:
 
     def hold(self, result: HeldResult) -> None:
         """Keep ``result`` on disk until acknowledged (the oldest beyond a few go)."""
-        buffer = io.BytesIO()
-        np.save(buffer, result.weights, allow_pickle=False)
-        atomic_write(self._held_dir / f"{result.task_id}.npy", buffer.getvalue())
-        meta = {
-            "task_id": result.task_id,
-            "round": result.round,
-            "group": result.group,
-            "position": result.position,
-            "to": result.to,
-            "message": result.message.decode(),
-        }
-        atomic_write(self._held_dir / f"{result.task_id}.json", json.dumps(meta).encode())
+        if self.persist:
+            buffer = io.BytesIO()
+            np.save(buffer, result.weights, allow_pickle=False)
+            atomic_write(self._held_dir / f"{result.task_id}.npy", buffer.getvalue())
+            meta = {
+                "task_id": result.task_id,
+                "round": result.round,
+                "group": result.group,
+                "position": result.position,
+                "to": result.to,
+                "message": result.message.decode(),
+            }
+            atomic_write(self._held_dir / f"{result.task_id}.json", json.dumps(meta).encode())
         self.held[result.task_id] = result
         while len(self.held) > KEEP_HELD:
             self.forget([min(self.held.values(), key=lambda h: h.round).task_id])
@@ -129,10 +134,12 @@ class AgentState:
         for task_id in task_ids:
             if self.held.pop(task_id, None) is not None:
                 n += 1
-                for suffix in (".json", ".npy"):
+                for suffix in (".json", ".npy") if self.persist else ():
                     (self._held_dir / f"{task_id}{suffix}").unlink(missing_ok=True)
         return n
 
     def save(self, device_id: str, run: str) -> None:
+        if not self.persist:
+            return
         state = {"device_id": device_id, "run": run, "done_tasks": self.done_tasks}
         atomic_write(self._file, json.dumps(state).encode())

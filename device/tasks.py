@@ -39,6 +39,7 @@ from device.protocol import (
     Publish,
     ResendRequest,
     Topics,
+    TrainFailed,
     TrainRequest,
     TrainResult,
     encode_output,
@@ -47,7 +48,7 @@ from device.protocol import (
 from device.protocol.typed import read_value, to_body
 from device.runtime import TFLiteModel
 from device.state import AgentState, HeldResult
-from device.training import evaluate_locally, pretrain_locally, train_locally
+from device.training import TrainOutcome, evaluate_locally, pretrain_locally, train_locally
 
 log = logging.getLogger("covey.device")
 Send = Callable[[Any, int], None]
@@ -110,7 +111,26 @@ class TaskRunner:
             device_id=self.me,
             reuse_start=reuse,
         )
-        seconds = time.perf_counter() - start
+        self.report_trained(
+            request, rnd, weights, out, key=key, inbound=inbound, seconds=time.perf_counter() - start, peak=peak
+        )
+
+    def report_trained(
+        self,
+        request: TrainRequest,
+        rnd: int,
+        weights: np.ndarray,
+        out: TrainOutcome,
+        *,
+        key: str = "",
+        inbound: InboundTransfer | None = None,
+        seconds: float = 0.0,
+        peak: board.PeakMemory | None = None,
+    ) -> None:
+        """The second half of :meth:`train`: hand ``out`` (trained from ``weights``) on,
+        report it, and hold it until acknowledged. The simulator calls it for work its
+        own workers trained (``server/simulation/virtual_bus.py``); ``peak``: the memory
+        high-water mark since training started (None: no board telemetry)."""
         self.trained += 1
         self.state.finished(request.task_id)
         delivered = time.perf_counter()
@@ -128,7 +148,7 @@ class TaskRunner:
             train_seconds=seconds,
             deliver_seconds=time.perf_counter() - delivered,
             inbound=inbound,
-            telemetry=board.telemetry(peak),
+            telemetry=board.telemetry(peak) if peak is not None else None,
         )
         message = Message.of(result, run=self.run, sender=self.me, round=rnd).encode()
         self._publish(self.topics.results(self.me), message, False)  # at once after the frames
@@ -148,6 +168,13 @@ class TaskRunner:
             out.loss,
             seconds,
         )
+
+    def report_failed(self, request: TrainRequest, rnd: int, detail: str) -> None:
+        """Tell the server that training ``request`` diverged (no model follows), so its
+        group goes on without this device at once instead of at its deadline."""
+        body = TrainFailed(request.task_id, "diverged", detail[:300])
+        message = Message.of(body, run=self.run, sender=self.me, round=rnd).encode()
+        self._publish(self.topics.results(self.me), message, False)
 
     def redeliver(self, task_id: str, to: Hop | None = None) -> bool:
         """Deliver a held result again (its model to ``to`` or where it went first, then

@@ -24,7 +24,7 @@ only non-finite hand-offs are refused.
 
 Only a relayed hand-off can be screened: a direct one goes from member to member
 without the manager seeing it. So ``--handoff auto`` relays
-(``server/coordinator/execution.py``); the simulator screens exactly the hand-offs the
+(``server/execution/round.py``); the simulator screens exactly the hand-offs the
 coordinator relays. With screening off, only the aggregate guard's bound holds here
 (1,000 times the reference) and non-finite hand-offs are refused.
 """

@@ -223,7 +223,10 @@ class LoopbackFleet:
         self.broker = broker
         self.agents = [
             Agent(
-                AgentConfig(device, run, "loopback", 0, state_dir / device, threads=threads),
+                # normal priority: beside the coordinator and whatever else this machine
+                # runs, idle-priority training (a board's default, on its own CPU) starves
+                # under load and misses deadlines that test protocol, not scheduling
+                AgentConfig(device, run, "loopback", 0, state_dir / device, threads=threads, train_priority="normal"),
                 train,
                 test,
                 link_factory=broker.link,

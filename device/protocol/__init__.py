@@ -39,6 +39,7 @@ from device.protocol.frames import (
     FRAME_KINDS,
     MAGIC,
     MAX_HEADER,
+    Carrier,
     FrameExtra,
     FrameHeader,
     FrameKind,
@@ -50,6 +51,7 @@ from device.protocol.frames import (
     encode_frames,
     parse_frame,
     send_model,
+    whole_payload,
 )
 from device.protocol.messages import (
     BODY_TYPES,
@@ -109,6 +111,7 @@ __all__ = [
     "WIRE_CODECS",
     "Ack",
     "Assignment",
+    "Carrier",
     "DeviceHop",
     "ErrorFeedback",
     "EvalRow",
@@ -165,5 +168,6 @@ __all__ = [
     "payload_key",
     "send_model",
     "upload_codec",
+    "whole_payload",
     "wire_bits",
 ]

@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, cast
 
 import numpy as np
 
@@ -292,6 +292,56 @@ def frames_size(
 Publish = Callable[[str, bytes, bool], None]  # (topic, payload, retain): how anything is sent
 
 
+def whole_payload(
+    array: np.ndarray,
+    *,
+    kind: FrameKind,
+    run: str,
+    round: int,
+    group: int,
+    sender: str,
+    max_chunk: int = DEFAULT_MAX_CHUNK,
+    extra: FrameExtra | None = None,
+    codec: FrameCodec = "raw",
+    base: str | None = None,
+) -> tuple[Payload, int]:
+    """What :func:`encode_frames`' frames would deliver, as one :class:`Payload` holding a
+    read-only view of ``array`` itself (a receiver that wrote into it would raise), and
+    the total length of those frames: how an in-process bus moves a model without
+    copying it (:func:`send_model`)."""
+    body, data, n_chunks = _frame_parts(
+        array,
+        kind=kind,
+        run=run,
+        round=round,
+        group=group,
+        sender=sender,
+        max_chunk=max_chunk,
+        extra=extra,
+        msg_id=None,
+        codec=codec,
+        base=base,
+        digest=lambda d: hashlib.sha256(d).hexdigest(),
+    )
+    header = from_body(FrameHeader, dict(body), "frame header")
+    view = np.frombuffer(data, DTYPES[header.dtype]).reshape(header.shape)  # little-endian here, as framed
+    view.flags.writeable = False
+    size = n_chunks * (len(MAGIC) + 4) + sum(len(_head(dict(body), i)) for i in range(n_chunks)) + len(data)
+    return Payload(header, view), size
+
+
+class Carrier(Protocol):
+    """A :data:`Publish` that can also take a model payload whole (the simulator's
+    in-process bus, ``server/simulation/virtual_bus.py``)."""
+
+    carries: frozenset[FrameCodec]  # the codecs it takes whole; the rest go as frames
+
+    def __call__(self, topic: str, data: bytes, retain: bool) -> None: ...
+
+    def carry(self, topic: str, payload: Payload, size: int, retain: bool) -> None:
+        """Deliver ``payload`` (``size``: the bytes of its frames) as its frames would be."""
+
+
 def send_model(
     publish: Publish,
     topic: str | Callable[[int], str],
@@ -312,7 +362,24 @@ def send_model(
 
     ``topic`` is one topic for every chunk, or a function of the chunk index (the
     retained artifact and shared models keep one retained message per chunk).
-    ``array`` is already encoded by ``codec`` (``base``: see :func:`encode_frames`)."""
+    ``array`` is already encoded by ``codec`` (``base``: see :func:`encode_frames`).
+    A :class:`Carrier` that carries ``codec`` gets the payload whole instead, on the
+    first chunk's topic."""
+    if codec in getattr(publish, "carries", ()):
+        payload, size = whole_payload(
+            array,
+            kind=kind,
+            run=run,
+            round=round,
+            group=group,
+            sender=sender,
+            max_chunk=max_chunk,
+            extra=extra,
+            codec=codec,
+            base=base,
+        )
+        cast(Carrier, publish).carry(topic if isinstance(topic, str) else topic(0), payload, size, retain)
+        return payload.header.n_chunks
     n = 0
     frames = encode_frames(
         array,

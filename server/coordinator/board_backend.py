@@ -4,7 +4,7 @@ asks of devices, answered over the bus.
 The simulator answers the same questions from virtual devices
 (:class:`~server.simulation.engine.VirtualDevices`); the driver cannot tell the two
 apart. Here a plan runs through the group managers
-(:class:`~server.coordinator.execution.RoundExecution`), pre-training and evaluation
+(:class:`~server.execution.round.RoundExecution`), pre-training and evaluation
 through requests (:class:`~server.coordinator.requests.TaskRequests`), class counts come
 from the registry, and link matrices from the link prober.
 """
@@ -19,10 +19,10 @@ import numpy as np
 from device.protocol import EvalRow
 from server.backend import EvalJob, RoundStats
 from server.coordinator.bus import DeviceBus
-from server.coordinator.execution import RoundExecution
 from server.coordinator.prober import LinkProber
 from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
+from server.execution.round import RoundExecution
 from server.hops import HopBound
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan
 

@@ -10,7 +10,7 @@ It hands each collaborator what it needs, never itself: the MQTT side
 drops and the memory bounds), what arrives from devices
 (:class:`~server.coordinator.inbox.Inbox`), the driver's backend
 (:class:`~server.coordinator.board_backend.BoardBackend`), plan execution
-(:class:`~server.coordinator.execution.RoundExecution`), link measurement
+(:class:`~server.execution.round.RoundExecution`), link measurement
 (:class:`~server.coordinator.prober.LinkProber`), checkpoints
 (:class:`~server.coordinator.persistence.Persistence`), requests, shared models and the
 retained-junk sweep. The registry holds at most ``max_devices`` devices and 256
@@ -53,15 +53,16 @@ from server.coordinator.admission import Admission
 from server.coordinator.board_backend import BoardBackend
 from server.coordinator.bus import BusSettings, DeviceBus
 from server.coordinator.config import CoordinatorConfig
-from server.coordinator.execution import ExecutionSettings, RoundExecution
 from server.coordinator.inbox import Inbox, InboxSettings
 from server.coordinator.persistence import Persistence
 from server.coordinator.prober import LinkProber, ProbeSettings
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
-from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
+from server.execution.ports import PolledBus
+from server.execution.round import ExecutionSettings, RoundExecution
+from server.execution.shared import SharedModels
 from server.links import LinkMatrices
 from server.reference import server_norm
 from server.rounds import RoundDriver
@@ -156,8 +157,8 @@ class Coordinator:
         self.execution = RoundExecution(
             ExecutionSettings(config.run, config.handoff, config.deadline_s, config.max_chunk, config.codec),
             topics=self.topics,
-            publish=self._publish,
-            wait=self.pump,
+            bus=PolledBus(self._publish, self.pump),
+            clock=time.monotonic,
             known=self.registry.devices,
             shared=self.shared,
             bases=self.bases,

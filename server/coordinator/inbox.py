@@ -39,11 +39,11 @@ from device.protocol import (
     check_weights,
 )
 from server.coordinator.bus import DeviceBus
-from server.coordinator.execution import RoundExecution
 from server.coordinator.prober import LinkProber
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
+from server.execution.round import RoundExecution
 from server.strategies.base import ClientInfo
 
 log = logging.getLogger("covey.server")

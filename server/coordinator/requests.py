@@ -31,7 +31,7 @@ from device.protocol import (
     send_model,
 )
 from server.backend import EvalJob
-from server.coordinator.shared import SharedModels
+from server.execution.shared import SharedModels
 
 log = logging.getLogger("covey.server")
 

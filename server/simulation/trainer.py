@@ -18,23 +18,21 @@ import numpy as np
 
 from device.data import Dataset
 from device.errors import WeightsError
-from device.protocol import EvalRow, FrameCodec, LocalTraining, Split, decode, encode_float
+from device.protocol import EvalRow, LocalTraining, Split
 from device.runtime import TFLiteModel
-from device.training import evaluate_loaded, pretrain_locally, train_locally
-from server.hops import HopBound
+from device.training import TrainOutcome, evaluate_loaded, pretrain_locally, train_locally
 from server.simulation.datasets import ClientData
 from server.simulation.faults import Faults
-from server.simulation.wire import frame_bytes
-from server.strategies.base import MemberResult
 
 
 @dataclass(frozen=True)
-class ChainOutcome:
-    final_weights: np.ndarray
-    members: tuple[MemberResult, ...]
-    wire_bytes: int = 0  # the hand-offs' frames (the last one: to the manager)
-    handed_on: int = 0  # of those, the frames the next member received
-    refused: tuple[str, ...] = ()  # members whose hand-off was refused (server/hops.py)
+class Trained:
+    """What a virtual device's training gave: its outcome as the device reports it (a
+    poisoner's output and claimed sample count included), or None when training
+    diverged (the device reports ``failed``, as a board does)."""
+
+    outcome: TrainOutcome | None
+    failure: str = ""
 
 
 class Trainer:
@@ -48,67 +46,18 @@ class Trainer:
         self.data = data
         self.faults = faults or Faults()  # poisoners scale what they return (server/simulation/faults.py)
 
-    def chain(
-        self,
-        weights: np.ndarray,
-        members: Sequence[str],
-        settings: LocalTraining,
-        seed: int,
-        rnd: int,
-        codec: FrameCodec = "raw",
-        resend: bool = False,
-        hop: HopBound | None = None,
-    ) -> ChainOutcome:
-        """Members train one after another, each from its predecessor's model as it
-        arrives in ``codec`` (a full-model codec: hand-offs as on boards).
-
-        ``resend``: the last member's successor is silent, so (as the coordinator's
-        manager asks) the member sends its output again to the manager as float32: the
-        outcome's model is that output itself, not its hand-off in ``codec`` (which is
-        counted, sent to the silent successor).
-
-        ``hop``: the bound on each hand-off, as the group manager checks a relayed one
-        (:mod:`server.hops`); a member whose output it refuses, or whose output is not
-        finite, is not credited and the chain goes on from that member's input (the
-        manager forwards its input to the successor: the same frame size)."""
-        current = weights
-        out = []
-        refused = []
-        sent = handed_on = 0
-        for i, c in enumerate(members):
-            try:
-                res = train_locally(
-                    self.model, self.data[c].train, settings, start=current, seed=seed, rnd=rnd, device_id=c
-                )
-            except WeightsError:  # diverged: the board sends `failed`, the manager passes it over
-                refused.append(c)
-                continue
-            trained = self.faults.poisoned(c, current, res.weights, rnd)
-            if hop is not None:
-                checked, _ = hop.check(current, trained)
-            else:
-                checked = trained if bool(np.isfinite(trained).all()) else None
-            payload = encode_float(checked if checked is not None else current, codec)  # the same size
-            size = frame_bytes(payload, codec)
-            sent += size
-            handed_on += size if i < len(members) - 1 else 0
-            if checked is None:
-                refused.append(c)
-                continue
-            current = checked if resend and i == len(members) - 1 else decode(payload, codec)
-            out.append(MemberResult(c, self.faults.claimed(c, res.n_samples), res.loss))
-        return ChainOutcome(current, tuple(out), sent, handed_on, tuple(refused))
-
-    def parallel(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> MemberResult:
+    def train(self, weights: np.ndarray, client: str, settings: LocalTraining, seed: int, rnd: int) -> Trained:
+        """What ``client``'s board computes for a train request whose model arrived as
+        ``weights`` (:func:`~device.training.train_locally`, the call
+        ``device/tasks.py`` makes), with this run's faults applied to what it reports."""
         try:
-            res = train_locally(
+            out = train_locally(
                 self.model, self.data[client].train, settings, start=weights, seed=seed, rnd=rnd, device_id=client
             )
-        except WeightsError:  # diverged: a non-finite model, which screening always refuses
-            nan = np.full(weights.shape, np.nan, np.float32)
-            return MemberResult(client, len(self.data[client].train.y), float("nan"), nan)
-        claimed = self.faults.claimed(client, res.n_samples)
-        return MemberResult(client, claimed, res.loss, self.faults.poisoned(client, weights, res.weights, rnd))
+        except WeightsError as exc:  # diverged: the board reports `failed` and sends no model
+            return Trained(None, str(exc)[:300])
+        poisoned = self.faults.poisoned(client, weights, out.weights, rnd)
+        return Trained(TrainOutcome(poisoned, self.faults.claimed(client, out.n_samples), out.loss, out.steps))
 
     def pretrain(
         self, weights: np.ndarray, client: str, steps: int, batch: int, lr: float, seed: int, rnd: int

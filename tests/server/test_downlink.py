@@ -23,9 +23,9 @@ from device.protocol import (
     payload_key,
 )
 from device.waiting import WaitingTasks
-from server.coordinator.manager import GroupManager
-from server.coordinator.shared import SharedModels
 from server.downlink import Downlink, DownlinkModels
+from server.execution.manager import GroupManager
+from server.execution.shared import SharedModels
 from server.strategies.base import GroupPlan, TrainConfig
 
 N = 3_000
@@ -171,7 +171,7 @@ def test_devices_that_hold_the_same_model_get_one_encoding_of_the_next() -> None
 
 def test_a_member_s_model_may_come_only_from_the_server_or_its_direct_predecessor() -> None:
     from device.protocol import Topics
-    from server.coordinator.manager import GroupManager
+    from server.execution.manager import GroupManager
     from server.strategies.base import GroupPlan, TrainConfig
 
     def manager(mode: str, handoff: str) -> GroupManager:
@@ -250,7 +250,7 @@ def test_a_resent_hand_off_is_the_payload_first_sent_so_the_server_knows_what_th
 
 
 def test_relayed_int8_hand_offs_carry_each_member_s_upload_error_once_and_no_downlink_error() -> None:
-    """A relayed int8 chain (server/coordinator/manager.py): each member decodes its start
+    """A relayed int8 chain (server/execution/manager.py): each member decodes its start
     model from a downlink delta (its own error), trains, and uploads a delta against what
     it decoded; the manager adds that delta to the float32 model it sent. With training
     modelled as a fixed step, the chain's model after k members is within the sum of the

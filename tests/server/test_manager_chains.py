@@ -1,7 +1,7 @@
 """A chain's group manager when members are late, frames are lost or the
 coordinator's connection comes back mid-chain: it asks the right member for the right
 model, never sends a member a stale one, and does not throw away a model a member
-trained and still holds (server/coordinator/manager.py)."""
+trained and still holds (server/execution/manager.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from device.protocol import (
     encode_frames,
 )
 from device.protocol.frames import Reassembler
-from server.coordinator.manager import GroupManager, Handoff
+from server.execution.manager import GroupManager, Handoff
 from server.strategies.base import GroupPlan, TrainConfig
 
 DEADLINE_S = 10.0

@@ -28,15 +28,23 @@ def _chain_round(zoo_model, codec: str, handoff: Handoff) -> tuple[dict[str, int
     return counts, frame_bytes(np.zeros(start.size, np.float16), "fp16")
 
 
+def _frames_of(counts: dict[str, int], model: int, **frames: int) -> None:
+    """``counts`` holds ``frames[k]`` frames of one model for each ``k``; a header names
+    the real task and device ids, so a frame may differ from ``model`` by a few bytes."""
+    assert counts.keys() == frames.keys()
+    for kind, n in frames.items():
+        assert abs(counts[kind] - n * model) <= 16 * n, (kind, counts, model)
+
+
 def test_a_direct_chain_s_hand_offs_are_sent_once_and_received_once(zoo_model) -> None:
     counts, model = _chain_round(zoo_model, "fp16", "direct")
     # the first member's start model; three hand-offs and the last output, sent; three received
-    assert counts == {"down": model, "up": 4 * model, "peer": 3 * model}
+    _frames_of(counts, model, down=1, up=4, peer=3)
 
 
 def test_relayed_hand_offs_reach_the_next_member_from_the_manager_not_from_a_device(zoo_model) -> None:
     counts, model = _chain_round(zoo_model, "fp16", "relay")
-    assert counts == {"down": 4 * model, "up": 4 * model, "peer": 0}
+    _frames_of(counts, model, down=4, up=4, peer=0)
 
 
 @pytest.mark.parametrize("codec", ["int8", "int4"])

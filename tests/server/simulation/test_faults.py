@@ -44,8 +44,7 @@ def test_rounds_whose_sampled_devices_are_all_silent_are_retried_and_the_run_fin
     assert records[-1].federated_accuracy > records[0].federated_accuracy or records[-1].federated_accuracy > 0.3
 
 
-@pytest.mark.parametrize("mode", ["parallel", "chain"])
-def test_a_poisoner_returns_its_update_boosted(model, mode: str) -> None:
+def test_a_poisoner_returns_its_update_boosted(model) -> None:
     from server.simulation.trainer import Trainer
 
     # Prepare
@@ -57,18 +56,34 @@ def test_a_poisoner_returns_its_update_boosted(model, mode: str) -> None:
     settings = TRAIN.to_wire()
 
     # Execute
-    if mode == "parallel":
-        a = honest.parallel(start, ids[0], settings, 0, 1).weights
-        b = poisoned.parallel(start, ids[0], settings, 0, 1).weights
-        assert a is not None and b is not None
-        expected = start + 100.0 * (a.astype(np.float64) - start)
-    else:
-        a = honest.chain(start, ids[:1], settings, 0, 1).final_weights
-        b = poisoned.chain(start, ids, settings, 0, 1).final_weights
-        expected = None
+    a = honest.train(start, ids[0], settings, 0, 1).outcome
+    b = poisoned.train(start, ids[0], settings, 0, 1).outcome
 
     # Assert
-    if expected is not None:
-        np.testing.assert_allclose(b, expected, rtol=1e-4, atol=1e-5)
-    else:  # the chain went on from the poisoned model: far from any honest chain
-        assert np.linalg.norm(b - start) > 20 * np.linalg.norm(a - start)
+    assert a is not None and b is not None
+    np.testing.assert_allclose(b.weights, start + 100.0 * (a.weights.astype(np.float64) - start), rtol=1e-4, atol=1e-5)
+
+
+def test_a_chain_goes_on_from_a_poisoner_s_boosted_hand_off(model) -> None:
+    from server.simulation.engine import VirtualDevices
+    from server.strategies.base import GroupPlan, RoundPlan
+
+    # Prepare: the same chain with and without a poisoner first, hand-offs unscreened
+    fed = synthetic(1, 1, 3, seed=1)
+    ids = tuple(sorted(fed))
+    honest = VirtualDevices(fed, model, handoff="direct")
+    poisoned = VirtualDevices(fed, model, faults=Faults(scale={ids[0]: 100.0}), handoff="direct")
+    start = honest.initial_weights()
+    plan = RoundPlan(1, (GroupPlan(0, ids, "chain", "m"),), {"m": start}, TRAIN)
+
+    # Execute
+    try:
+        (a,) = honest.execute(plan, seed=0)
+        (b,) = poisoned.execute(plan, seed=0)
+    finally:
+        honest.close()
+        poisoned.close()
+
+    # Assert: the chain went on from the poisoned model, far from the honest chain
+    assert a.final_weights is not None and b.final_weights is not None
+    assert np.linalg.norm(b.final_weights - start) > 20 * np.linalg.norm(a.final_weights - start)

@@ -249,36 +249,6 @@ def test_an_interrupt_between_two_submits_still_waits_for_the_runner_already_sta
     assert len(runners[0].ran) <= 1 and not runners[1].ran  # the started loop stopped after its call
 
 
-@pytest.mark.parametrize(("workers", "kind"), [(1, "thread"), (2, "thread"), (2, "process")])
-def test_each_member_comes_back_with_the_norm_screening_would_compute(
-    workers: int, kind: WorkerKind, writers: Federation, zoo_model
-) -> None:
-    """Parallel members are decoded and measured on the worker that trained them (or
-    in this process, for worker processes): ``MemberResult.norm`` is exactly
-    ``update_norm`` of the decoded model against the group's start model."""
-    from server.screening import update_norm
-    from server.simulation.engine import VirtualDevices
-    from server.strategies.base import GroupPlan, RoundPlan
-
-    clients = tuple(sorted(writers)[:4])
-    devices = VirtualDevices(writers, zoo_model("mlp_femnist"), workers=workers, worker_kind=kind, measure_norms=True)
-    unmeasured = VirtualDevices(writers, zoo_model("mlp_femnist"))
-    try:
-        start = devices.initial_weights()
-        plan = RoundPlan(1, (GroupPlan(0, clients, "parallel", "g"),), {"g": start}, TRAIN)
-        (result,) = devices.execute(plan, seed=0)
-        (plain,) = unmeasured.execute(plan, seed=0)
-    finally:
-        devices.close()
-        unmeasured.close()
-
-    assert [m.client_id for m in result.members] == list(clients)
-    for m in result.members:
-        assert m.weights is not None and m.norm is not None
-        assert m.norm == update_norm(start, m.weights) > 0
-    assert all(m.norm is None for m in plain.members)  # nobody screens: nothing measured
-
-
 def test_thread_workers_call_a_function_with_the_runner_first() -> None:
     workers = ThreadWorkers([_Recorder("a"), _Recorder("b")])
     try:

@@ -12,19 +12,19 @@ late reply to the first plan can pass for one to the second.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from device.errors import ProtocolError
-from device.protocol import SERVER_ID, Assignment, Message, Payload, Publish, Topics, TrainResult, WireCodec
-from server.coordinator.group_sender import Handoff
-from server.coordinator.manager import GroupManager
-from server.coordinator.shared import SharedModels
+from device.protocol import SERVER_ID, Assignment, Message, Payload, Topics, TrainResult, WireCodec
 from server.downlink import DownlinkModels
+from server.execution.group_sender import Handoff
+from server.execution.manager import GroupManager
+from server.execution.ports import Clock, ExecutionBus
+from server.execution.shared import SharedModels
 from server.hops import HopBound
 from server.strategies.base import GroupResult, RoundPlan
 
@@ -43,15 +43,16 @@ class ExecutionSettings:
 
 
 class RoundExecution:
-    """Runs plans on boards. Its collaborators are handed in, so it knows nothing of the
-    coordinator that owns it.
+    """Runs plans over a bus. Its collaborators are handed in, so it knows nothing of the
+    coordinator or the simulator that owns it.
 
     Parameters
     ----------
-    topics, publish : the run's topics and how to publish one message on them.
-    wait : handles what arrives within a timeout (the coordinator's receive loop, which
-        feeds results back here through :meth:`on_result`, :meth:`on_frame` and
-        :meth:`on_refused`).
+    topics : the run's topics.
+    bus : publishes, and while it waits feeds what devices send back here through
+        :meth:`on_result`, :meth:`on_frame` and :meth:`on_refused`
+        (:mod:`server.execution.ports`).
+    clock : the time deadlines are on (the bus's: the wall clock on boards).
     known : the registered devices; a plan naming another is refused.
     shared : the shared start models on the broker.
     bases : this round's start models by payload sha256 (what int8 deltas may name);
@@ -65,15 +66,15 @@ class RoundExecution:
         settings: ExecutionSettings,
         *,
         topics: Topics,
-        publish: Publish,
-        wait: Callable[[float], None],
+        bus: ExecutionBus,
+        clock: Clock,
         known: Container[str],
         shared: SharedModels,
         bases: dict[str, np.ndarray],
         downlinks: DownlinkModels | None,
         task_prefix: str,
     ) -> None:
-        self.settings, self.topics, self.publish, self.wait = settings, topics, publish, wait
+        self.settings, self.topics, self.bus, self.clock = settings, topics, bus, clock
         self.known, self.shared, self.bases, self.downlinks = known, shared, bases, downlinks
         self.managers: list[GroupManager] = []
         # task ids start with this; a resumed round keeps the prefix it was journaled with
@@ -103,7 +104,7 @@ class RoundExecution:
         unknown = sorted({d for g in plan.groups for d in g.members if d not in self.known})
         if unknown:
             raise ProtocolError(f"plan names unknown devices {unknown}")
-        now = time.monotonic()
+        now = self.clock()
         self.managers = []
         self.bases.clear()  # the start models int8 deltas may name: this plan's
         prefix = self.next_prefix(plan.round)
@@ -116,7 +117,7 @@ class RoundExecution:
                     plan.models[g.start_model],
                     plan.train,
                     topics=self.topics,
-                    publish=self.publish,
+                    publish=self.bus.publish,
                     handoff=self._handoff_for(i, g.members),
                     deadline_s=cfg.deadline_s,
                     seed=seed,
@@ -130,12 +131,12 @@ class RoundExecution:
                 )
                 for d in g.members:
                     msg = Message.of(Assignment(g.group_id), run=cfg.run, sender=SERVER_ID, round=plan.round)
-                    self.publish(self.topics.assignment(d), msg.encode(), True)
+                    self.bus.publish(self.topics.assignment(d), msg.encode(), True)
                 self.managers.append(manager)
                 manager.start(now)
             while not all(m.done for m in self.managers):
-                self.wait(0.05)
-                now = time.monotonic()
+                self.bus.wait(min(m.deadline for m in self.managers if not m.done))
+                now = self.clock()
                 for m in self.managers:
                     m.tick(now)
         finally:
@@ -144,7 +145,7 @@ class RoundExecution:
         return [m.result() for m in self.managers]
 
     def on_result(self, device: str, result: TrainResult) -> Outcome:
-        now = time.monotonic()
+        now = self.clock()
         if any(m.owns(device) and m.on_result(device, result, now) for m in self.managers):
             return "accepted"
         return "duplicate" if any(m.knows(device, result.task_id) for m in self.managers) else "unexpected"
@@ -156,11 +157,11 @@ class RoundExecution:
     def on_refused(self, device: str, task_id: str, why: str) -> bool:
         """A member's output for ``task_id`` was refused (not finite) or its training
         failed: its manager goes on without it at once; whether one did."""
-        now = time.monotonic()
+        now = self.clock()
         return any(m.owns(device) and m.on_refused(device, task_id, why, now) for m in self.managers)
 
     def on_frame(self, payload: Payload, weights: np.ndarray) -> Outcome:
-        now = time.monotonic()
+        now = self.clock()
         h = payload.header
         if any(m.plan.group_id == h.group and m.on_frame(payload, weights, now) for m in self.managers):
             return "accepted"
@@ -175,7 +176,7 @@ class RoundExecution:
         return out
 
     def resend_outstanding(self) -> None:
-        now = time.monotonic()
+        now = self.clock()
         for m in self.managers:
             m.resend_outstanding(now)
 

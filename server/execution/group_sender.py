@@ -2,9 +2,9 @@
 
 :class:`GroupSender` sends a group's ``train`` requests, its start model (each
 member's own frame, or one shared, retained broadcast for a parallel group:
-``server/coordinator/shared.py``), the models a relayed chain hands on, and requests to
+``server/execution/shared.py``), the models a relayed chain hands on, and requests to
 send an output again; it keeps what it sent for each task, so a resend is the same
-payload. :class:`~server.coordinator.manager.GroupManager` decides when.
+payload. :class:`~server.execution.manager.GroupManager` decides when.
 
 Codecs (``device/protocol/codecs.py``). The manager sends models in the run's
 downlink codec (float32, or float16 in ``fp16``, ``int8`` and ``int4`` runs; in the last
@@ -20,7 +20,7 @@ device as a delta against the model it holds when the coordinator knows it
 broadcast.
 
 Chain hand-offs in ``int8`` runs go through the manager (relay; the ``auto`` hand-off
-mode picks it, ``server/coordinator/execution.py``): a member uploads its output as an
+mode picks it, ``server/execution/round.py``): a member uploads its output as an
 ``int8`` delta against the model it received, the manager adds it to the float32 model
 it sent (so that member's downlink error never enters the chain's model), and sends
 the sum on to the successor as a downlink delta against the model the successor holds.
@@ -61,8 +61,8 @@ from device.protocol import (
     send_model,
     upload_codec,
 )
-from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
+from server.execution.shared import SharedModels
 from server.strategies.base import GroupPlan, TrainConfig
 
 Handoff = Literal["direct", "relay"]

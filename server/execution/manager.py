@@ -21,10 +21,10 @@ trained is thrown away.
 
 Parallel mode. Every member trains from the group's start model and returns its model
 to the manager; members that miss the deadline are skipped. The start model is
-published once as a shared, retained model (``server/coordinator/shared.py``).
+published once as a shared, retained model (``server/execution/shared.py``).
 
 What goes out, in which codec, and the shared broadcast:
-:mod:`server.coordinator.group_sender`.
+:mod:`server.execution.group_sender`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import logging
 import numpy as np
 
 from device.protocol import SERVER_ID, DeviceHop, ManagerHop, Payload, Publish, Topics, TrainResult, WireCodec
-from server.coordinator.group_sender import GroupSender, Handoff, Member
-from server.coordinator.shared import SharedModels
 from server.downlink import DownlinkModels
+from server.execution.group_sender import GroupSender, Handoff, Member
+from server.execution.shared import SharedModels
 from server.hops import HopBound
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, TrainConfig
 
