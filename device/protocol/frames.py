@@ -304,11 +304,16 @@ def whole_payload(
     extra: FrameExtra | None = None,
     codec: FrameCodec = "raw",
     base: str | None = None,
+    hashed: bool = True,
 ) -> tuple[Payload, int]:
     """What :func:`encode_frames`' frames would deliver, as one :class:`Payload` holding a
     read-only view of ``array`` itself (a receiver that wrote into it would raise), and
     the total length of those frames: how an in-process bus moves a model without
-    copying it (:func:`send_model`)."""
+    copying it (:func:`send_model`).
+
+    ``hashed=False``: the header's ``sha256`` is a unique token instead of the payload's
+    hash, for a run in which nothing names a model by its hash (no ``int8``/``int4``
+    deltas: no base, no downlink bookkeeping) and nothing is reassembled to check it."""
     body, data, n_chunks = _frame_parts(
         array,
         kind=kind,
@@ -321,7 +326,7 @@ def whole_payload(
         msg_id=None,
         codec=codec,
         base=base,
-        digest=lambda d: hashlib.sha256(d).hexdigest(),
+        digest=(lambda d: hashlib.sha256(d).hexdigest()) if hashed else (lambda d: uuid.uuid4().hex * 2),
     )
     header = from_body(FrameHeader, dict(body), "frame header")
     view = np.frombuffer(data, DTYPES[header.dtype]).reshape(header.shape)  # little-endian here, as framed
@@ -335,6 +340,7 @@ class Carrier(Protocol):
     in-process bus, ``server/simulation/virtual_bus.py``)."""
 
     carries: frozenset[FrameCodec]  # the codecs it takes whole; the rest go as frames
+    hashes: bool  # whether a payload it takes whole needs its real sha256 (whole_payload's ``hashed``)
 
     def __call__(self, topic: str, data: bytes, retain: bool) -> None: ...
 
@@ -377,6 +383,7 @@ def send_model(
             extra=extra,
             codec=codec,
             base=base,
+            hashed=cast(Carrier, publish).hashes,
         )
         cast(Carrier, publish).carry(topic if isinstance(topic, str) else topic(0), payload, size, retain)
         return payload.header.n_chunks

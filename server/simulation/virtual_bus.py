@@ -22,7 +22,8 @@ costs no wall time. The order of everything is fixed, so a run is reproducible.
 
 Models in the run's codec move as a board sends them. In ``fp32`` runs a model is
 passed whole, a read-only view of the sender's array (no frames are built, hashed or
-reassembled; :func:`~device.protocol.whole_payload`); every other payload travels as
+reassembled; :func:`~device.protocol.whole_payload`: its header's ``sha256`` is a unique
+token, since an ``fp32`` run names no model by its hash); every other payload travels as
 its frames. Either way the bytes of the frames are counted where a board's link
 would carry them: ``down``, what reached a device from the server (once per device
 that answers: a shared model is counted for each device it reached); ``up``, what
@@ -369,6 +370,9 @@ class _Publisher:
     sender: str
     carries: frozenset[FrameCodec]
     put: Callable[[_Delivery], None]
+    # only fp32 runs carry models whole, and nothing in them names a model by its hash
+    # (no delta, no base): the header holds a unique token (whole_payload's ``hashed``)
+    hashes: bool = False
 
     def __call__(self, topic: str, data: bytes, retain: bool) -> None:
         self.put(_Delivery(topic, self.sender, data=data, size=len(data) if _is_frame(topic) else 0, retain=retain))
