@@ -52,6 +52,7 @@ CONFIG_KEYS = {
 # 400-byte header, and a parallel round's uploads would crowd the coordinator's receive
 # queue; brokers' packet limits (AWS IoT 128 KB, Azure IoT Hub 256 KB, EMQX 1 MB) are above it.
 MIN_CHUNK = 65536
+PRIORITY_ENV = "COVEY_TRAIN_PRIORITY"  # the training priority when neither flag nor config names one
 
 
 # A reader that closes our stdout early (``covey strategies | head -3``) is the reader's
@@ -128,7 +129,7 @@ def build_parser(prog: str = "covey-device") -> argparse.ArgumentParser:
         "--train-priority",
         choices=("idle", "normal"),
         help="CPU priority of training: 'idle' (default) yields to everything else on the board "
-        "(Linux SCHED_IDLE); 'normal' competes like any process",
+        f"(Linux SCHED_IDLE); 'normal' competes like any process (default from ${PRIORITY_ENV} if set)",
     )
     p.add_argument("--idle-timeout", type=float, help="leave after this many silent seconds")
     p.add_argument(
@@ -191,6 +192,9 @@ class Settings:
 def _settings(args: argparse.Namespace) -> Settings:
     values: dict[str, Any] = {}
     where: dict[str, str] = {}
+    priority = os.environ.get(PRIORITY_ENV)
+    if priority:  # below the config file and the flag: a service unit's or a test run's default
+        values["train_priority"], where["train_priority"] = priority, PRIORITY_ENV
     if args.config:
         try:
             raw = tomllib.loads(Path(args.config).read_text())

@@ -20,6 +20,10 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 REPO = Path(__file__).resolve().parent.parent
 os.environ.setdefault("COVEY_CACHE_DIR", str(REPO / ".cache"))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# agents the tests start train at normal priority: beside the coordinator, brokers and other
+# tests on one loaded machine, SCHED_IDLE training (a board's default, on its own CPU)
+# starves and misses deadlines that test the protocol, not the scheduler
+os.environ.setdefault("COVEY_TRAIN_PRIORITY", "normal")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups

@@ -21,8 +21,9 @@ import numpy as np
 from device.errors import ProtocolError
 from device.protocol import SERVER_ID, Assignment, Message, Payload, Topics, TrainResult, WireCodec
 from server.downlink import DownlinkModels
+from server.execution.chain import ChainManager
 from server.execution.group_sender import Handoff
-from server.execution.manager import GroupManager
+from server.execution.manager import GroupManager, ParallelManager
 from server.execution.ports import Clock, ExecutionBus
 from server.execution.shared import SharedModels
 from server.hops import HopBound
@@ -111,14 +112,15 @@ class RoundExecution:
         self._attempts[plan.round] = self._attempts.get(plan.round, 0) + 1
         try:
             for i, g in enumerate(plan.groups):
-                manager = GroupManager(
+                chain = g.mode == "chain"
+                manager: GroupManager = (ChainManager if chain else ParallelManager)(
                     g,
                     plan.round,
                     plan.models[g.start_model],
                     plan.train,
                     topics=self.topics,
                     publish=self.bus.publish,
-                    handoff=self._handoff_for(i, g.members),
+                    handoff=self._handoff_for(i, g.members) if chain else "relay",
                     deadline_s=cfg.deadline_s,
                     seed=seed,
                     max_chunk=cfg.max_chunk,

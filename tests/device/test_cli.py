@@ -60,3 +60,21 @@ def test_help_lists_the_training_priority(capsys: pytest.CaptureFixture[str]) ->
         main(["--help"])
     assert exit_info.value.code == 0
     assert "--train-priority {idle,normal}" in capsys.readouterr().out
+
+
+def test_the_training_priority_falls_back_to_the_environment_below_the_config_and_the_flag(
+    tmp_path: Path, data: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from device.cli import PRIORITY_ENV, _settings, build_parser
+
+    base = ["--broker", "127.0.0.1:1", "--run", "r", "--data", str(data)]
+    monkeypatch.setenv(PRIORITY_ENV, "normal")
+    assert _settings(build_parser().parse_args(base)).get("train_priority") == "normal"
+    flag = build_parser().parse_args([*base, "--train-priority", "idle"])
+    assert _settings(flag).get("train_priority") == "idle"
+    config = tmp_path / "agent.toml"
+    config.write_text('train_priority = "idle"\n')
+    assert _settings(build_parser().parse_args([*base, "--config", str(config)])).get("train_priority") == "idle"
+    monkeypatch.setenv(PRIORITY_ENV, "realtime")  # a bad value names where it came from
+    code, err = _run(capsys, *base, "--state-dir", str(tmp_path / "state"))
+    assert code == 2 and PRIORITY_ENV in err and "training priority must be one of" in err

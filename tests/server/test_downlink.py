@@ -24,7 +24,8 @@ from device.protocol import (
 )
 from device.waiting import WaitingTasks
 from server.downlink import Downlink, DownlinkModels
-from server.execution.manager import GroupManager
+from server.execution.chain import ChainManager
+from server.execution.manager import GroupManager, ParallelManager
 from server.execution.shared import SharedModels
 from server.strategies.base import GroupPlan, TrainConfig
 
@@ -171,11 +172,10 @@ def test_devices_that_hold_the_same_model_get_one_encoding_of_the_next() -> None
 
 def test_a_member_s_model_may_come_only_from_the_server_or_its_direct_predecessor() -> None:
     from device.protocol import Topics
-    from server.execution.manager import GroupManager
     from server.strategies.base import GroupPlan, TrainConfig
 
     def manager(mode: str, handoff: str) -> GroupManager:
-        return GroupManager(
+        return (ChainManager if mode == "chain" else ParallelManager)(
             GroupPlan(0, ("dev1", "dev2", "dev3"), mode, "m"),  # type: ignore[arg-type]
             1,
             _model(0),
@@ -446,7 +446,7 @@ def _int8_manager(
     """The manager of ``plan`` in an int8 run, publishing into ``sent`` (with shared
     broadcasts unless ``broadcast`` is false)."""
     shared = SharedModels(topics, lambda topic, data, retain: sent.append((topic, data)), 1 << 20, "e")
-    return GroupManager(
+    return (ChainManager if plan.mode == "chain" else ParallelManager)(
         plan,
         rnd,
         weights,

@@ -18,7 +18,8 @@ from device.protocol import (
     encode_frames,
 )
 from device.protocol.frames import Reassembler
-from server.execution.manager import GroupManager, Handoff
+from server.execution.chain import ChainManager
+from server.execution.group_sender import Handoff
 from server.strategies.base import GroupPlan, TrainConfig
 
 DEADLINE_S = 10.0
@@ -26,13 +27,13 @@ N = 16
 
 
 class Chain:
-    """A GroupManager for a chain (direct hand-offs unless told), and what it published."""
+    """A ChainManager (direct hand-offs unless told), and what it published."""
 
     def __init__(self, members: str, handoff: Handoff = "direct") -> None:
         self.topics = Topics("r")
         self.sent: list[tuple[str, bytes]] = []
         self.start = np.zeros(N, np.float32)
-        self.manager = GroupManager(
+        self.manager = ChainManager(
             GroupPlan(0, tuple(members), "chain", "m"),
             1,
             self.start,

@@ -1,7 +1,7 @@
 """A direct chain with silent members: the coordinator's group manager and the
 simulator take the same steps and end with the same models.
 
-The manager side is the real :class:`GroupManager` with its messages and frames
+The manager side is the real :class:`ChainManager` with its messages and frames
 carried in process to boards that do what covey's agent does (train with the
 simulator's own trainer, the code agents run; hand on in the downlink codec; resend
 the held output as float32; hold the last model the server sent). Every pattern of
@@ -38,7 +38,7 @@ from device.protocol import (
 from device.protocol.codecs import decode
 from device.protocol.frames import Reassembler
 from server.downlink import DownlinkModels
-from server.execution.manager import GroupManager
+from server.execution.chain import ChainManager
 from server.simulation.datasets import synthetic
 from server.simulation.engine import VirtualDevices
 from server.simulation.faults import Faults
@@ -60,7 +60,7 @@ class Boards:
     held: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
 
-def _frame_to_manager(manager: GroupManager, device: str, task: str, payload: np.ndarray, codec: FrameCodec) -> None:
+def _frame_to_manager(manager: ChainManager, device: str, task: str, payload: np.ndarray, codec: FrameCodec) -> None:
     (frame,) = encode_frames(
         payload,
         kind="result",
@@ -85,7 +85,7 @@ def _board_round(
     boards that answer (``down``), and boards received from their predecessors
     (``peer``)."""
     topics, outbox = Topics("r"), []
-    manager = GroupManager(
+    manager = ChainManager(
         GroupPlan(0, members, "chain", "m"),
         rnd,
         start,
