@@ -182,9 +182,13 @@ def test_delta_chains_relay_deltas_and_give_the_same_models_both_ways(
 
 
 @MOSQUITTO
-@pytest.mark.parametrize("codec", ["int8", "fp16"])
+@pytest.mark.parametrize("codec", ["int8"])
 def test_direct_chains_with_silent_members_give_the_same_models_both_ways(broker, tmp_path, codec: str) -> None:
-    """Round 1 of this FedGSP run chains dev002 → dev004 → dev001 and dev005 → dev003 →
+    """(One codec: the simulator runs the coordinator's own managers, so what is left to
+    check here is the agents' side against the virtual devices', and int8 exercises more
+    of it than fp16: a forwarded model as a downlink delta, held for the next round.)
+
+    Round 1 of this FedGSP run chains dev002 → dev004 → dev001 and dev005 → dev003 →
     dev000, with direct hand-offs. dev004, in the middle, and dev000, at the end, never
     answer. On boards the manager skips each at its deadline, has its predecessor send
     its output again as float32, and forwards it to dev001 itself (an int8 run: as a
