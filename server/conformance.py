@@ -15,25 +15,22 @@ device; nothing here is covey-agent specific.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-
-import numpy as np
 
 from device.errors import CoveyError, TransportError
 from device.protocol import (
+    DEFAULT_MAX_CHUNK,
     SERVER_ID,
     Message,
     Register,
     ServerStatus,
     Stop,
     decode_message,
-    encode_frames,
     parse_frame,
 )
-from server.artifact import artifact_for_devices
 from server.conformance_checks import run_checks
 from server.conformance_session import RULES, ProbeSession, Report
+from server.presence import Presence
 
 __all__ = ["RULES", "ConformanceKit", "Report", "run_conformance"]
 
@@ -46,17 +43,9 @@ class ConformanceKit(ProbeSession):
     def setup(self) -> Register | None:
         self.link.connect(15)
         self.link.subscribe(self.topics.everything)
-        model_bytes, manifest = artifact_for_devices(self.model_path, self.manifest.to_dict())
-        for i, frame in enumerate(
-            encode_frames(
-                np.frombuffer(model_bytes, np.uint8), kind="artifact", run=self.run, round=0, group=-1, sender=SERVER_ID
-            )
-        ):
-            self.publish(self.topics.artifact_chunk(i), frame, retain=True)
-        self.publish(self.topics.artifact_manifest, json.dumps(manifest).encode(), retain=True)
-        self._model_sha256 = manifest["sha256"]
-        status = ServerStatus(self.epoch, "running", model_sha256=manifest["sha256"])
-        self.publish(self.topics.server_status, Message.of(status, run=self.run, sender=SERVER_ID).encode(), True)
+        presence = Presence.of_model(self.model_path, self.manifest, self.topics, self.epoch, DEFAULT_MAX_CHUNK)
+        presence.publish(self.publish, lambda topic, data: self.publish(topic, data, retain=True))
+        self._model_sha256 = presence.model_sha256
         found = self.wait_for(
             lambda since: next((m for m, _ in self.messages(0, "register") if isinstance(m.body, Register)), None),
             self.timeout * 3,

@@ -35,7 +35,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from device.protocol.codecs import Bits, FrameCodec, decode, encode_float, pack, payload_key, quantise
+from device.protocol.codecs import (
+    Bits,
+    FrameCodec,
+    WireCodec,
+    decode,
+    downlink_codec,
+    encode_float,
+    first_codec,
+    pack,
+    payload_key,
+    quantise,
+    wire_bits,
+)
 
 # Models kept: as many as fit in 2 GiB (1,250 of the FEMNIST MLP, 81 of its CNN). A device
 # whose held model was evicted gets the next one in full, so the budget must hold every
@@ -202,3 +214,13 @@ class DownlinkModels:
         if sent is not None and sent[0] == task_id:
             self._held[device] = sent[1]
             del self._sent[device]
+
+
+def downlinks_for(codec: WireCodec, decodes: Callable[[str, str], bool] | None = None) -> DownlinkModels | None:
+    """What each device holds, for a run in ``codec``: ``int8`` and ``int4`` runs send
+    start models as deltas against it; other runs keep nothing (None). ``decodes``: see
+    :class:`DownlinkModels`."""
+    bits = wire_bits(codec)
+    if bits is None:
+        return None
+    return DownlinkModels(downlink_codec(codec), deltas=True, bits=bits, first=first_codec(codec), decodes=decodes)

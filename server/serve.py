@@ -185,7 +185,9 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
         if progress:
             print(fleet, flush=True)
         if progress:  # on a slow site this takes a while before round 1
-            print(f"measuring the links of {len(coord.ready_devices())} devices (docs/links.md) ...", flush=True)
+            print(
+                f"measuring the links of {len(coord.backend.ready_devices())} devices (docs/links.md) ...", flush=True
+            )
         links = coord.measure_links()
         if progress:
             print(f"links: SNR entries {links.counts('snr')}, RTT entries {links.counts('rtt')}", flush=True)
@@ -205,7 +207,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     settings=prepared.settings,
                     title=title,
                     plot=False,
-                    links=coord.links_record(),
+                    links=coord.backend.links_record(),
                     devices=coord.registry.boards_record(),
                 )
                 bar.update(1)
@@ -217,7 +219,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             records=coord.records,
             settings=prepared.settings,
             title=title,
-            links=coord.links_record(),
+            links=coord.backend.links_record(),
             devices=coord.registry.boards_record(),
         )
         coord.stop_devices()  # close() waits for the broker to take the status after these

@@ -8,6 +8,10 @@ from pathlib import Path
 
 from device.mqtt import TlsFiles
 from device.protocol import WireCodec
+from server.coordinator.admission import Admission
+from server.coordinator.bus import BusSettings
+from server.coordinator.prober import ProbeSettings
+from server.execution.round import ExecutionSettings
 from server.links import DEFAULT_BANDWIDTH_HZ
 from server.screening import ScreeningConfig
 
@@ -52,3 +56,36 @@ class CoordinatorConfig:
     links_every: int = 0
     link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
     codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
+
+    # -- what each collaborator takes from these ---------------------------------------
+    def bus_settings(self) -> BusSettings:
+        return BusSettings(
+            self.run,
+            self.host,
+            self.port,
+            self.username,
+            self.password,
+            self.tls,
+            max_queue_bytes=self.max_queue_mb * 2**20,
+            max_pending_bytes=self.max_pending_mb * 2**20,
+            max_chunk=self.max_chunk,
+        )
+
+    def probe_settings(self) -> ProbeSettings:
+        return ProbeSettings(
+            self.link_probes,
+            self.link_probe_bytes,
+            self.link_probe_timeout_s,
+            self.link_probe_parallel,
+            self.link_measure_max_s,
+            self.link_bandwidth_hz,
+        )
+
+    def execution_settings(self) -> ExecutionSettings:
+        return ExecutionSettings(self.run, self.handoff, self.deadline_s, self.max_chunk, self.codec)
+
+    def admission(self) -> Admission:
+        rate = self.max_registrations_per_s
+        return Admission(
+            allowed=self.allowed_devices, max_devices=self.max_devices, rate=rate, burst=max(1.0, 5 * rate)
+        )

@@ -19,13 +19,11 @@ registrations waiting for their confirmation ping.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -37,33 +35,27 @@ from device.protocol import (
     SERVER_ID,
     Ack,
     Message,
-    ServerStatus,
     Stop,
     Topics,
-    downlink_codec,
-    first_codec,
-    send_model,
-    wire_bits,
 )
 from device.runtime import TFLiteModel
 from device.transport import LinkFactory
-from server.artifact import artifact_for_devices
 from server.backend import RoundRecord
-from server.coordinator.admission import Admission
 from server.coordinator.board_backend import BoardBackend
-from server.coordinator.bus import BusSettings, DeviceBus
+from server.coordinator.bus import DeviceBus
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.inbox import Inbox, InboxSettings
 from server.coordinator.persistence import Persistence
-from server.coordinator.prober import LinkProber, ProbeSettings
+from server.coordinator.prober import LinkProber
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
-from server.downlink import DownlinkModels
+from server.downlink import downlinks_for
 from server.execution.ports import PolledBus
-from server.execution.round import ExecutionSettings, RoundExecution
+from server.execution.round import RoundExecution
 from server.execution.shared import SharedModels
 from server.links import LinkMatrices
+from server.presence import Presence
 from server.reference import server_norm
 from server.rounds import RoundDriver
 from server.strategies.base import ClientInfo, RoundPlan, Strategy
@@ -72,6 +64,10 @@ log = logging.getLogger("covey.server")
 
 
 class Coordinator:
+    """One run on boards (module docstring): it composes its collaborators, hands each
+    what it needs, and drives rounds with :meth:`step` (plan, execute, aggregate, then
+    checkpoint and acknowledge)."""
+
     def __init__(
         self,
         config: CoordinatorConfig,
@@ -89,49 +85,19 @@ class Coordinator:
         self.manifest: Manifest = load_manifest(manifest_path_for(self.model_path))
         self.model = TFLiteModel(self.model_path, self.manifest)
         self.eval_data = eval_data
-        self.artifact_bytes, self.artifact_manifest = artifact_for_devices(self.model_path, self.manifest.to_dict())
         self.epoch = uuid.uuid4().hex[:8]  # this process; task ids and shared keys carry it
-        self.registry = Registry(
-            self.manifest.n_classes,
-            Admission(
-                allowed=config.allowed_devices,
-                max_devices=config.max_devices,
-                rate=config.max_registrations_per_s,
-                burst=max(1.0, 5 * config.max_registrations_per_s),
-            ),
-        )
+        self.presence = Presence.of_model(self.model_path, self.manifest, self.topics, self.epoch, config.max_chunk)
+        self.registry = Registry(self.manifest.n_classes, config.admission())
         model_bytes = 4 * self.manifest.n_params  # every frame a device sends carries one float32 model
         self.bases: dict[str, np.ndarray] = {}  # this round's start models, by the sha256 of their payload
-        # int8 and int4 runs: what each device holds, for downlink deltas (server/downlink.py)
-        bits = wire_bits(config.codec)
-        self.downlinks = (
-            None
-            if bits is None
-            else DownlinkModels(
-                downlink_codec(config.codec),
-                deltas=True,
-                bits=bits,
-                first=first_codec(config.codec),
-                decodes=self.registry.decodes,
-            )
-        )
+        self.downlinks = downlinks_for(config.codec, self.registry.decodes)  # int8/int4: what devices hold
         self._started = False
         self._resumed_plan: RoundPlan | None = None
         self.bus = DeviceBus(
-            BusSettings(
-                config.run,
-                config.host,
-                config.port,
-                config.username,
-                config.password,
-                config.tls,
-                max_queue_bytes=config.max_queue_mb * 2**20,
-                max_pending_bytes=config.max_pending_mb * 2**20,
-                max_chunk=config.max_chunk,
-            ),
+            config.bus_settings(),
             self.topics,
             model_bytes=model_bytes,
-            will=Will(self.topics.server_status, self._status("stopped"), retain=True),
+            will=Will(self.topics.server_status, self.presence.status("stopped"), retain=True),
             registered=self.registry.devices,
             link_factory=link_factory,
         )
@@ -143,7 +109,9 @@ class Coordinator:
             lambda topic: self.link.subscribe(topic),
             lambda topic: self.link.unsubscribe(topic),
             # counted against a registered device only (any id can be written on an open broker)
-            lambda reason, detail, device: self.drop(reason, detail, device if device in self.devices else None),
+            lambda reason, detail, device: self.bus.drops.drop(
+                reason, detail, device if device in self.devices else None
+            ),
         )
         self.requests = TaskRequests(
             self.topics,
@@ -155,7 +123,7 @@ class Coordinator:
             task_prefix=self.epoch,
         )
         self.execution = RoundExecution(
-            ExecutionSettings(config.run, config.handoff, config.deadline_s, config.max_chunk, config.codec),
+            config.execution_settings(),
             topics=self.topics,
             bus=PolledBus(self._publish, self.pump),
             clock=time.monotonic,
@@ -166,14 +134,7 @@ class Coordinator:
             task_prefix=self.epoch,
         )
         self.prober = LinkProber(
-            ProbeSettings(
-                config.link_probes,
-                config.link_probe_bytes,
-                config.link_probe_timeout_s,
-                config.link_probe_parallel,
-                config.link_measure_max_s,
-                config.link_bandwidth_hz,
-            ),
+            config.probe_settings(),
             run=config.run,
             topics=self.topics,
             publish=self._publish,
@@ -259,11 +220,6 @@ class Coordinator:
     def _publish(self, topic: str, data: bytes, retain: bool = False) -> None:
         self.bus.publish(topic, data, retain)
 
-    def _status(self, state: str) -> bytes:
-        # the sha256 of what devices download (the artifact), not of the server's own file
-        body = ServerStatus(self.epoch, state, model_sha256=self.artifact_manifest["sha256"])  # type: ignore[arg-type]
-        return Message.of(body, run=self.cfg.run, sender=SERVER_ID).encode()
-
     def connect(self, timeout: float = 15.0) -> None:
         t = self.topics
         self.bus.connect(
@@ -274,36 +230,8 @@ class Coordinator:
             t.from_filter("status"),
             f"{t.root}/server/register",  # protocol-1 devices register here: they are told to upgrade
         )
-        self.publish_artifact()
-        self.link.publish(t.server_status, self._status("running"), retain=True, wait=30.0)
-
-    def publish_artifact(self) -> None:
-        """The model and its manifest, retained, so a board needs no model files.
-
-        Devices get the model without its initial values (``server/artifact.py``):
-        every request brings the weights to start from, so a board neither downloads
-        nor holds them (the FEMNIST CNN's download: 3 MB of the 55 MB model file).
-        """
-        send_model(
-            self._publish,
-            self.topics.artifact_chunk,
-            np.frombuffer(self.artifact_bytes, np.uint8),
-            kind="artifact",
-            run=self.cfg.run,
-            round=0,
-            group=-1,
-            sender=SERVER_ID,
-            max_chunk=self.cfg.max_chunk,
-            retain=True,
-        )
-        self.link.publish(
-            self.topics.artifact_manifest, json.dumps(self.artifact_manifest).encode(), retain=True, wait=30.0
-        )
-
-    def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
-        """Count (by reason, and per registered ``device``) and log what covey did not use
-        (:class:`~server.coordinator.bus.Drops`)."""
-        self.bus.drops.drop(reason, detail, device, quiet)
+        # the model and its manifest, then the running status, retained (server/presence.py)
+        self.presence.publish(self._publish, lambda topic, data: self.link.publish(topic, data, retain=True, wait=30.0))
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
@@ -319,12 +247,6 @@ class Coordinator:
             self.pump(0.2)
             if progress:
                 progress(len(self.devices))
-
-    def ready_devices(self) -> list[str]:
-        return self.backend.ready_devices()
-
-    def links_record(self) -> dict[str, Any] | None:
-        return self.backend.links_record()
 
     def measure_rtt(self, timeout: float = 5.0) -> None:
         """Ping every device; RTT is measured from the pong (through the broker)."""
@@ -398,4 +320,4 @@ class Coordinator:
             self._publish(self.topics.inbox(d), Message.of(Stop(reason), run=self.cfg.run, sender=SERVER_ID).encode())
 
     def close(self) -> None:
-        self.bus.close(self._status("stopped"))
+        self.bus.close(self.presence.status("stopped"))

@@ -37,14 +37,11 @@ from device.protocol import (
     EvalRow,
     Topics,
     WireCodec,
-    downlink_codec,
-    first_codec,
-    wire_bits,
 )
 from server.backend import EvalJob, RoundRecord, RoundStats, ServerEvaluator
 from server.costs import CostModel
 from server.defense import ServerNorm
-from server.downlink import DownlinkModels
+from server.downlink import downlinks_for
 from server.execution.round import ExecutionSettings, RoundExecution
 from server.execution.shared import SharedModels
 from server.hops import HopBound
@@ -130,12 +127,7 @@ class VirtualDevices:
         self.faults = faults or Faults()
         self.codec: WireCodec = codec
         self.handoff: Handoff = handoff
-        bits = wire_bits(codec)  # int8 and int4 runs: what each device holds, for downlink deltas
-        self.downlinks = (
-            None
-            if bits is None
-            else DownlinkModels(downlink_codec(codec), deltas=True, bits=bits, first=first_codec(codec))
-        )
+        self.downlinks = downlinks_for(codec)  # int8 and int4 runs: what each device holds
         self.federation = federation
         self.ids = sorted(federation)
         self.model_path = str(model_path)
