@@ -42,6 +42,16 @@ class RoundStats:
     rejected: dict[str, int] = field(default_factory=dict)
     wire_bytes: dict[str, int] = field(default_factory=dict)
 
+    def wire_extra(self) -> dict[str, float]:
+        """The measured frames for a record's ``extra``, beside the modelled ``bytes``:
+        each count, what was sent (``wire_bytes``: down + up) and what the devices'
+        links carried (``wire_radio_bytes``: a received hand-off crossed two links)."""
+        if not self.wire_bytes:
+            return {}
+        sent = self.wire_bytes.get("down", 0) + self.wire_bytes.get("up", 0)
+        extra = {f"wire_bytes_{k}": float(v) for k, v in self.wire_bytes.items()}
+        return extra | {"wire_bytes": float(sent), "wire_radio_bytes": float(sent + self.wire_bytes.get("peer", 0))}
+
 
 class Backend(Protocol):
     """Where the devices are. The driver calls these; nothing else differs between

@@ -28,7 +28,16 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from server.claims import Bounded, bound_claims
-from server.screening import Screened, ScreeningConfig, lower_median, screen_results, update_norm
+from server.screening import (
+    EMPTY_REASON,
+    Rejection,
+    Screened,
+    ScreeningConfig,
+    lower_median,
+    screen_results,
+    update_norm,
+)
+from server.screening import REASON as SCREENED_REASON
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan
 
 log = logging.getLogger("covey.server")
@@ -127,3 +136,35 @@ class Defense:
         if size > 0 and moved > MODEL_GUARD * size:
             return f"the aggregate moved {moved:.4g}, more than {MODEL_GUARD:g} x the model's norm {size:.4g}"
         return None
+
+
+class Refusals:
+    """What a round refused, until its record is written: screened updates
+    (:class:`~server.screening.Rejection`) and single refusals (a hand-off, an
+    overclaim, the aggregate), counted by reason and by device."""
+
+    def __init__(self) -> None:
+        self._refused: list[tuple[str, str | None]] = []  # (reason, device or None)
+        self._rejections: list[Rejection] = []
+
+    def refuse(self, reason: str, device: str | None = None) -> None:
+        self._refused.append((reason, device))
+
+    def screened(self, rejections: Sequence[Rejection]) -> None:
+        self._rejections.extend(rejections)
+
+    def tally(self, dropped: Mapping[str, int], rejected: Mapping[str, int]) -> tuple[dict[str, int], dict[str, int]]:
+        """``dropped`` (by reason) and ``rejected`` (by device) with this round's
+        refusals added; the next round starts from none."""
+        by_reason, by_device = dict(dropped), dict(rejected)
+        counted: list[tuple[str, tuple[str, ...]]] = []
+        for why, device in self._refused:
+            counted.append((why, (device,) if device else ()))
+        for r in self._rejections:
+            counted.append((EMPTY_REASON if r.kind == "empty" else SCREENED_REASON, tuple(r.devices)))
+        for reason, devices in counted:
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+            for device in devices:
+                by_device[device] = by_device.get(device, 0) + 1
+        self._refused, self._rejections = [], []
+        return by_reason, by_device

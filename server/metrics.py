@@ -9,7 +9,7 @@ kernel matrix can be given instead (e.g. for ordered labels).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -64,3 +64,14 @@ def group_global_divergence(
     w = np.asarray(group_weights, np.float64)
     g = (w @ vectors) / w.sum() if global_vector is None else np.asarray(global_vector, np.float64)
     return np.linalg.norm(vectors - g, axis=1)
+
+
+def median_group_cpd(groups: Sequence[Sequence[str]], counts: Mapping[str, np.ndarray]) -> float:
+    """The median CPD over every pair of ``groups`` (client ids) of each client's class
+    ``counts`` (how differently the groups are distributed; 0 for fewer than two)."""
+    if len(groups) < 2:
+        return 0.0
+    index = {c: i for i, c in enumerate(counts)}
+    table = np.array(list(counts.values()), np.float64)
+    members = [np.array([index[c] for c in g if c in index]) for g in groups]
+    return float(np.median(pairwise_cpd(table, members)))

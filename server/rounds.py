@@ -36,11 +36,9 @@ from device.errors import CoveyError
 from server.backend import Backend, EvalJob, RoundRecord, ServerEvaluator
 from server.claims import bounded_info, bounded_infos, population_cap
 from server.costs import CostModel
-from server.defense import AGGREGATE_REASON, GUARD_FACTOR, OVERCLAIM_REASON, Defense, ServerNorm
+from server.defense import AGGREGATE_REASON, GUARD_FACTOR, OVERCLAIM_REASON, Defense, Refusals, ServerNorm
 from server.hops import HOP_REASON, HopBound, hop_bound
-from server.metrics import pairwise_cpd
-from server.screening import EMPTY_REASON as EMPTY
-from server.screening import REASON as SCREENED
+from server.metrics import median_group_cpd
 from server.screening import Rejection, ScreeningConfig, screen_updates, without_empty_members
 from server.strategies.base import ClientInfo, GroupResult, RoundContext, RoundPlan, Strategy
 
@@ -130,8 +128,7 @@ class RoundDriver:
         self.max_attempts = max_attempts
         self.screening = screening
         self.defense = Defense(screening, reference)
-        self._rejections: list[Rejection] = []  # this round's, until its record is written
-        self._refused: list[tuple[str, str | None]] = []  # (reason, device) refused beyond screening
+        self.refusals = Refusals()  # this round's, until its record is written
         self.strategy, self.backend, self.seed = strategy, backend, int(seed)
         self.federated_eval_every = federated_eval_every
         self.server_eval = server_eval
@@ -193,7 +190,7 @@ class RoundDriver:
         factor = self.screening.norm_factor if self.screening is not None else GUARD_FACTOR
         for r in rejections:
             log.warning("round %d: screened out the %s", self.rnd, r.describe(factor or GUARD_FACTOR))
-        self._rejections.extend(rejections)
+        self.refusals.screened(rejections)
 
     def step(self, planned: RoundPlan | None = None) -> RoundRecord:
         """One round. ``planned``: the plan of this round journaled before a crash (the
@@ -216,7 +213,7 @@ class RoundDriver:
         if why is not None:  # the previous global model stays
             log.warning("round %d: the new global model is not applied: %s", self.rnd, why)
             self.strategy.global_weights = before
-            self._refused.append((AGGREGATE_REASON, None))
+            self.refusals.refuse(AGGREGATE_REASON)
         fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
         srv_acc, srv_loss = (float("nan"), float("nan"))
         if self.server_eval is not None and self.strategy.global_weights is not None:
@@ -224,24 +221,8 @@ class RoundDriver:
         costs = self.cost_model.round_costs(plan, results, plan.train.epochs, self.model_bytes, summary.aggregation)
         stats = self.backend.round_stats()
         extra.update(summary.extra)
-        if stats.wire_bytes:  # measured frames, beside the modelled ``bytes``
-            extra.update({f"wire_bytes_{k}": float(v) for k, v in stats.wire_bytes.items()})
-            sent = stats.wire_bytes.get("down", 0) + stats.wire_bytes.get("up", 0)
-            extra["wire_bytes"] = float(sent)
-            extra["wire_radio_bytes"] = float(sent + stats.wire_bytes.get("peer", 0))
-        dropped, rejected = dict(stats.dropped), dict(stats.rejected)
-        for reason, device in self._refused:
-            dropped[reason] = dropped.get(reason, 0) + 1
-            if device is not None:
-                rejected[device] = rejected.get(device, 0) + 1
-        self._refused = []
-        if self._rejections:
-            for r in self._rejections:
-                reason = EMPTY if r.kind == "empty" else SCREENED
-                dropped[reason] = dropped.get(reason, 0) + 1
-                for device in r.devices:
-                    rejected[device] = rejected.get(device, 0) + 1
-            self._rejections = []
+        extra.update(stats.wire_extra())
+        dropped, rejected = self.refusals.tally(stats.dropped, stats.rejected)
         record = RoundRecord(
             round=self.rnd,
             federated_accuracy=fed_acc,
@@ -253,7 +234,9 @@ class RoundDriver:
             participants=len(plan.participants),
             trained=trained,
             skipped=sum(len(r.skipped) for r in results),
-            median_cpd=self._median_cpd(plan),
+            median_cpd=median_group_cpd(
+                [g.members for g in plan.groups], {c.client_id: c.class_counts for c in self.backend.clients()}
+            ),
             bytes=costs["bytes"],
             t_comp_s=costs["t_comp_s"],
             t_comm_s=costs["t_comm_s"],
@@ -275,14 +258,14 @@ class RoundDriver:
         for r in results:  # chain hand-offs refused on the way (server/hops.py), and failed training
             for device in r.refused:
                 log.warning("round %d: refused the hand-off of %s; its chain went on from its input", self.rnd, device)
-                self._refused.append((HOP_REASON, device))
+                self.refusals.refuse(HOP_REASON, device)
         results, empty = without_empty_members(results)  # always: a zero weight breaks every average
         self.note_rejections(empty)
         clients = self.backend.clients()
         bounded = self.defense.bound(results, clients)
         for device in bounded.overclaimed:
             log.warning("round %d: %s claimed more samples than it registered; counted as registered", self.rnd, device)
-            self._refused.append((OVERCLAIM_REASON, device))
+            self.refusals.refuse(OVERCLAIM_REASON, device)
         if bounded.capped:
             extra["weights_capped"] = float(bounded.capped)
         server = self.defense.server_norm(plan, self.seed, clients)  # screening off: the guard's scale
@@ -379,15 +362,6 @@ class RoundDriver:
                     loss += row.loss * row.n
                     n += row.n
         return (correct / n, loss / n) if n else (float("nan"), float("nan"))
-
-    def _median_cpd(self, plan: RoundPlan) -> float:
-        if len(plan.groups) < 2:
-            return 0.0
-        infos = self.backend.clients()
-        index = {c.client_id: i for i, c in enumerate(infos)}
-        counts = np.array([c.class_counts for c in infos], np.float64)
-        groups = [np.array([index[c] for c in g.members if c in index]) for g in plan.groups]
-        return float(np.median(pairwise_cpd(counts, groups)))
 
 
 def _nothing_returned(plan: RoundPlan, results: Sequence[GroupResult]) -> bool:
