@@ -4,7 +4,7 @@ The ``fedgsp-femnist`` preset (the bundled FEMNIST sample, 51 writers) with
 ``--models`` (MLP and/or CNN) and FedAvg and FedGSP, each run with ``--codec`` fp32,
 fp16, int8 and int4 (``--codecs``) for every seed of ``--seeds``, in simulation.
 Bytes are the frames the simulator builds for every model it moves
-(``server/simulation/wire.py``: start models to each member, outputs and chain
+(``server/simulation/virtual_bus.py``: start models to each member, outputs and chain
 hand-offs), summed over the run. Prints, per codec and strategy (and model, when more
 than one), means over the seeds of per-seed figures:
 

@@ -21,7 +21,6 @@ import ctypes
 import importlib
 import itertools
 import logging
-import math
 import mmap
 import os
 import sys
@@ -683,10 +682,7 @@ class TFLiteModel:
         weights = self.get_weights(out=into)
         if not _all_finite(weights):
             raise WeightsError("training diverged: weights became NaN or infinite; lower the learning rate")
-        mean_loss = total_loss / max(total_seen, 1)
-        if not math.isfinite(mean_loss):  # finite weights, but no result could report this loss
-            raise WeightsError("training diverged: the loss became NaN or infinite; lower the learning rate")
-        return TrainResult(weights, int(x.shape[0]), mean_loss, steps)
+        return TrainResult(weights, int(x.shape[0]), total_loss / max(total_seen, 1), steps)
 
     def evaluate(self, x: np.ndarray, y: np.ndarray, *, batch_size: int = EVAL_BATCH) -> EvalResult:
         """Mean loss and accuracy of the current weights."""

@@ -140,7 +140,7 @@ class TaskRunner:
         result = TrainResult(
             task_id=request.task_id,
             n_samples=out.n_samples,
-            loss=out.loss,
+            loss=out.loss if out.n_samples else 0.0,  # no data, no loss (NaN cannot travel); weight 0
             steps=out.steps,
             group=request.group,
             position=request.position,

@@ -24,6 +24,7 @@ from enum import IntEnum
 import numpy as np
 
 from device.data import Dataset
+from device.errors import WeightsError
 from device.protocol.messages import EvalRow, LocalTraining
 from device.runtime import TFLiteModel
 
@@ -63,7 +64,9 @@ def train_locally(
     reuse_start: bool = False,
 ) -> TrainOutcome:
     """Local SGD (FedProx with ``settings.mu > 0``) from ``start`` on ``data``;
-    ``reuse_start``: the caller gives ``start`` up and the result may take its buffer."""
+    ``reuse_start``: the caller gives ``start`` up and the result may take its buffer.
+    Training whose loss is NaN or infinite diverged (:class:`WeightsError`), even with
+    finite weights: no result could report it, and its model is not one to hand on."""
     if len(data) == 0:
         return TrainOutcome(np.asarray(start, np.float32), 0, float("nan"), 0)
     res = model.train(
@@ -78,6 +81,8 @@ def train_locally(
         initial_weights=start,
         reuse_start=reuse_start,
     )
+    if not math.isfinite(res.mean_loss):
+        raise WeightsError("training diverged: the loss became NaN or infinite; lower the learning rate")
     return TrainOutcome(res.weights, res.n_samples, res.mean_loss, res.n_steps)
 
 

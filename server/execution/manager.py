@@ -13,6 +13,7 @@ members that miss the deadline are skipped. A chain's manager is
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 
@@ -204,7 +205,11 @@ class GroupManager:
 
 
 class ParallelManager(GroupManager):
-    """A parallel group (module docstring)."""
+    """A parallel group (module docstring): every output comes to the manager, so its
+    members upload in the upload codec whatever ``handoff`` says."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "handoff": "relay"})
 
     def _resend_models(self) -> None:
         self.sender.resend_start()

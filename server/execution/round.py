@@ -1,4 +1,4 @@
-"""Running one round's plan on boards: a group manager per planned group.
+"""Running one round's plan over a bus (boards or the simulator's): a group manager per planned group.
 
 Each group's hand-off mode is chosen here (``direct``, ``relay``, alternating
 ``mixed`` for tests, or ``auto``, which relays every chain so that its manager can

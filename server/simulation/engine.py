@@ -16,8 +16,9 @@ A plan runs as on boards, by the coordinator's own group managers
 task code: the same requests, hand-offs, deadlines, resends and screening of relayed
 hand-offs, models in the run's ``codec`` (``device/protocol/codecs.py``), and the same
 results. Each round's record holds the bytes of the frames that carried the models
-(``wire_bytes``: each frame once, as sent, the sum of ``wire_bytes_down`` and
-``wire_bytes_up``; ``wire_radio_bytes``: what the devices' links carried, where a
+(``wire_bytes``: the sum of ``wire_bytes_down``, what reached devices from the server, a
+shared start model once for each device it reached, and ``wire_bytes_up``, what devices
+sent, each frame once; ``wire_radio_bytes``: what the devices' links carried, where a
 direct hand-off counts on the sender's link and, as ``wire_bytes_peer``, on the
 receiver's; :class:`~server.backend.RoundStats`).
 """
@@ -165,6 +166,8 @@ class VirtualDevices:
             task_prefix=SIM_RUN,
         )
         self.bus.execution = self.execution
+        # only fp32 runs pass models whole, with a token for a hash: nothing may name one by it
+        assert self.downlinks is None or not self.bus.carries
 
     def _new_pool(self) -> SharedPool:
         return _pool(self.workers, self.model_path, self.federation, self.faults, self.n_params)
@@ -198,15 +201,18 @@ class VirtualDevices:
 
     def execute(self, plan: RoundPlan, *, seed: int, hop: HopBound | None = None) -> list[GroupResult]:
         """Run ``plan`` through the group managers over the bus (module docstring)."""
-        results = self.execution.run(plan, seed, hop)
-        self.bus.end_round(self.execution.task_ids())  # the acknowledgement: devices forget their outputs
+        base_of = self.downlinks.base_of if self.downlinks is not None else None
+        try:
+            results = self.execution.run(plan, seed, hop)
+        finally:  # the acknowledgement: devices forget their outputs (and nothing stale is left)
+            self.bus.end_round(self.execution.task_ids(), base_of)
         self.seen.update(plan.participants)
         return results
 
     def _train(self, calls: list[tuple[Any, ...]], costs: list[float], report: Report) -> None:
         """A batch of virtual devices' training (:meth:`Trainer.train`) on the workers;
-        each device's report follows on the thread that trained it (encoding and hashing
-        its output beside the others' training), or here after worker processes."""
+        each device's report follows on the thread that trained it (encoding and handing
+        on its output beside the others' training), or here after worker processes."""
         if isinstance(self.pool, SharedPool):
             for i, trained in enumerate(self.pool.map("train", calls, costs)):
                 report(i, trained)
@@ -250,7 +256,12 @@ class VirtualDevices:
 
     def round_stats(self) -> RoundStats:
         wire, self.bus.wire = self.bus.wire, {"down": 0, "up": 0, "peer": 0}
-        return RoundStats(wire_bytes=wire)
+        dropped, self.bus.dropped = self.bus.dropped, 0
+        return RoundStats(
+            self.execution.handoff_counts(),
+            {"message refused by a simulated device or manager": dropped} if dropped else {},
+            wire_bytes=wire,
+        )
 
     def close(self) -> None:
         self.pool.close()

@@ -65,6 +65,13 @@ def _swap(obj: Any, kind: type, fn: Callable[[Any], Any]) -> Any:
     return obj
 
 
+def _same_values(a: np.ndarray) -> tuple[Any, ...]:
+    """What makes two arrays the same input: their memory, shape, strides and dtype, not
+    their Python identity (views of one model, as devices decode a shared start model,
+    are one input)."""
+    return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+
+
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -200,11 +207,11 @@ class SharedPool:
         )
 
     def _share_inputs(self, calls: Sequence[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], str | None]:
-        distinct: dict[int, np.ndarray] = {}
+        distinct: dict[tuple[Any, ...], np.ndarray] = {}
 
         def collect(a: np.ndarray) -> np.ndarray:
             if a.nbytes >= SHARE_MIN_BYTES:
-                distinct.setdefault(id(a), a)
+                distinct.setdefault(_same_values(a), a)
             return a
 
         _swap(list(calls), np.ndarray, collect)
@@ -223,7 +230,7 @@ class SharedPool:
             refs[key] = ref
 
         def swap(a: np.ndarray) -> Any:
-            return refs.get(id(a), a)
+            return refs.get(_same_values(a), a)
 
         return [_swap(c, np.ndarray, swap) for c in calls], shm.name
 

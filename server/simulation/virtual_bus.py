@@ -164,7 +164,10 @@ class VirtualBus:
     model : an interpreter of the run's model (its size and classes; nothing is trained on it).
     data : client id -> its data (read at each task: a distribution shift reaches it).
     train : runs a batch of :meth:`~server.simulation.trainer.Trainer.train` calls on
-        the workers, costliest first; returns their results in call order.
+        the workers, costliest first, and calls ``report(i, trained)`` for call ``i``:
+        on the worker thread that trained it, or here after worker processes. Two rules
+        make that safe: a device has at most one task in a batch (:meth:`_train_batch`),
+        and a report reads nothing of the shared interpreter but its manifest.
     silent : devices that never answer (switched off): nothing reaches them.
     codec : the run's wire codec; ``fp32`` models are passed whole.
     max_chunk : the frames' payload bytes, as the coordinator's.
@@ -217,14 +220,21 @@ class VirtualBus:
             )
         return self.devices[client]
 
-    def end_round(self, task_ids: Mapping[str, list[str]]) -> None:
+    def end_round(self, task_ids: Mapping[str, list[str]], base_of: Callable[[str], str | None] | None) -> None:
         """What the coordinator's acknowledgement does after its checkpoint: devices forget
-        the outputs they held; and what is still queued is lost, as a round's late messages are."""
+        the outputs they held; what is still queued or unsent is lost, as a round's late
+        messages are (also after a round that raised). ``base_of``: the model the server
+        may still send a device a delta against (``DownlinkModels.base_of``; None: no
+        deltas in this run); a device forgets any other, which a board would keep unused
+        (the simulator would hold one model per client ever sampled)."""
         for client, ids in task_ids.items():
             if client in self.devices:
                 self.devices[client].state.forget(ids)
         for device in self.devices.values():
             device.waiting.clear()
+            device.outbox.clear()
+            if device.waiting.held and (base_of is None or base_of(device.me) not in device.waiting.held):
+                device.waiting.held = {}
         self._queue.clear()
         self._batch = _Batch()
 
@@ -255,7 +265,7 @@ class VirtualBus:
                 key = item.topic[len(t.shared_root) :].split("/", 1)[0]
                 for client in sorted(self.devices):  # the devices subscribed to it now
                     if key in self.devices[client].waiting.shared_keys():
-                        self._model_to(client, item, SERVER_ID)
+                        self._shared_to(client, item)
             else:
                 client = item.topic[len(f"{t.root}/device/") :].split("/", 1)[0]
                 if client in self.silent:
@@ -275,6 +285,14 @@ class VirtualBus:
         except CoveyError as exc:  # as a board or the coordinator drops it: the round goes on
             self.dropped += 1
             log.debug("simulation: dropped a message from %s on %s: %s", item.sender, item.topic, exc)
+
+    def _shared_to(self, client: str, item: _Delivery) -> None:
+        """A shared model's chunk to one subscriber: what it refuses is its own loss."""
+        try:
+            self._model_to(client, item, SERVER_ID)
+        except CoveyError as exc:
+            self.dropped += 1
+            log.debug("simulation: %s dropped shared model %s: %s", client, item.topic, exc)
 
     def _model_to(self, client: str, item: _Delivery, sender: str) -> None:
         """A model (whole or one frame) reaches ``client`` from ``sender``."""

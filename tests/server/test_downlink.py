@@ -250,7 +250,7 @@ def test_a_resent_hand_off_is_the_payload_first_sent_so_the_server_knows_what_th
 
 
 def test_relayed_int8_hand_offs_carry_each_member_s_upload_error_once_and_no_downlink_error() -> None:
-    """A relayed int8 chain (server/execution/manager.py): each member decodes its start
+    """A relayed int8 chain (server/execution/chain.py): each member decodes its start
     model from a downlink delta (its own error), trains, and uploads a delta against what
     it decoded; the manager adds that delta to the float32 model it sent. With training
     modelled as a fixed step, the chain's model after k members is within the sum of the

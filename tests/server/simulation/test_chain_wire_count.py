@@ -9,8 +9,8 @@ import pytest
 
 from server.simulation.datasets import synthetic
 from server.simulation.engine import Handoff, VirtualDevices
-from server.simulation.wire import frame_bytes
 from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
+from tests.server.simulation.frame_sizes import frame_bytes
 
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.05)
 

@@ -43,8 +43,8 @@ from server.simulation.datasets import synthetic
 from server.simulation.engine import VirtualDevices
 from server.simulation.faults import Faults
 from server.simulation.trainer import Trainer
-from server.simulation.wire import frame_bytes
 from server.strategies.base import GroupPlan, RoundPlan, TrainConfig
+from tests.server.simulation.frame_sizes import frame_bytes
 
 TRAIN = TrainConfig(epochs=1, batch_size=10, lr=0.05)
 SEED = 7

@@ -91,3 +91,63 @@ def test_fp32_models_reach_the_managers_as_read_only_views_and_their_frames_are_
     assert 3 * model_bytes < counts["down"] < 3 * (model_bytes + 1024)
     assert 3 * model_bytes < counts["up"] < 3 * (model_bytes + 1024)
     assert counts["peer"] == 0
+
+
+def test_a_device_without_training_data_reports_an_empty_result_at_once(model) -> None:
+    from device.data import Dataset
+    from server.simulation.datasets import ClientData
+
+    # Prepare: one of three clients holds no training data
+    fed = synthetic(1, 1, 3, seed=3)
+    ids = tuple(sorted(fed))
+    empty = fed[ids[0]].train
+    fed[ids[0]] = ClientData(Dataset(empty.x[:0], empty.y[:0]), fed[ids[0]].test)
+    devices = VirtualDevices(fed, model)
+    plan = RoundPlan(1, (GroupPlan(0, ids, "parallel", "m"),), {"m": devices.initial_weights()}, TRAIN)
+
+    # Execute
+    try:
+        (result,) = devices.execute(plan, seed=0)
+    finally:
+        devices.close()
+
+    # Assert: its result came (zero samples, a loss that can travel), before any deadline
+    by_id = {m.client_id: m for m in result.members}
+    assert set(by_id) == set(ids) and not result.skipped
+    assert by_id[ids[0]].n_samples == 0 and by_id[ids[0]].train_loss == 0.0
+    assert devices.bus.now() < SIM_DEADLINE_S
+
+
+def test_in_delta_runs_a_device_keeps_only_the_model_the_server_may_name(model) -> None:
+    # Prepare: an int8 run, two rounds over different members
+    fed = synthetic(1, 1, 6, seed=3)
+    ids = tuple(sorted(fed))
+    devices = VirtualDevices(fed, model, codec="int8")
+    start = devices.initial_weights()
+
+    # Execute
+    try:
+        for rnd, members in ((1, ids[:4]), (2, ids[2:])):
+            plan = RoundPlan(rnd, (GroupPlan(0, members, "parallel", "m"),), {"m": start}, TRAIN)
+            devices.execute(plan, seed=0)
+        assert devices.downlinks is not None
+        held = {d: set(devices.bus.devices[d].waiting.held) for d in devices.bus.devices}
+        named = {d: devices.downlinks.base_of(d) for d in devices.bus.devices}
+    finally:
+        devices.close()
+
+    # Assert: every device holds at most the model a delta may be sent against
+    assert set(held) == set(ids)
+    for d in ids:
+        assert held[d] <= ({named[d]} if named[d] is not None else set()), d
+    assert any(held.values())  # the members of round 2 hold what they trained from
+
+
+def test_views_of_one_model_go_to_worker_processes_once() -> None:
+    from server.simulation.pool import _same_values
+
+    model = np.arange(100_000, dtype=np.float32)
+    views = [model.reshape(-1), model[:], model.view()]
+    assert len({_same_values(v) for v in views}) == 1  # as devices decode one shared model
+    assert _same_values(model.copy()) != _same_values(model)
+    assert _same_values(model[:50_000]) != _same_values(model)

@@ -1,5 +1,5 @@
 """The simulator's byte count is the length of the frames a board would send
-(``server/simulation/wire.py``), computed without building them."""
+(``tests/server/simulation/frame_sizes.py``), computed without building them."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from device.protocol import FrameExtra, encode_frames
 from device.protocol.codecs import ErrorFeedback, encode_float, pack
 from device.protocol.frames import frames_size
-from server.simulation.wire import frame_bytes
+from tests.server.simulation.frame_sizes import frame_bytes
 
 
 @pytest.mark.parametrize("n", [1, 1_000, 700_001])  # one frame, one frame, several chunks
@@ -49,7 +49,7 @@ def test_the_count_is_kept_per_kind_of_payload_and_equals_the_frames_built() -> 
     differ in values only get the same count, which is that of the frames built, and
     another shape or codec gets its own."""
     from device.protocol import DELTA_CODECS
-    from server.simulation.wire import _frames_size
+    from tests.server.simulation.frame_sizes import _frames_size
 
     def built(payload: np.ndarray, codec: str) -> int:
         frames = encode_frames(

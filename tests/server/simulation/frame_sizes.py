@@ -1,13 +1,9 @@
-"""Bytes on the wire in simulation: the frames a board would send, built and measured.
-
-The simulator encodes every model it moves with the run's codec
-(``device/protocol/codecs.py``) and counts the bytes of the frames
-:func:`~device.protocol.encode_frames` would produce for it (header and chunking
-included; :func:`~device.protocol.frames.frames_size` builds the same headers but
-neither hashes nor copies the payload: hashing every model moved was a fifth of a
-simulated FedAvg round). Ids in the header are placeholders of typical length, so
-a count may differ from a board's by a few bytes per frame.
-"""
+"""The bytes of the frames a payload would take, computed without building them: what
+the tests' hand-driven boards count, to compare with what the simulator's bus counts
+from the frames it carries (``server/simulation/virtual_bus.py``). Ids in the header
+are placeholders of typical length, so a count may differ from a real frame's by a few
+bytes (:func:`~device.protocol.frames.frames_size` builds the same headers but neither
+hashes nor copies the payload)."""
 
 from __future__ import annotations
 
