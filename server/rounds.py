@@ -255,9 +255,17 @@ class RoundDriver:
     def _defend(self, plan: RoundPlan, results: list[GroupResult], extra: dict[str, float]) -> list[GroupResult]:
         """Claims bounded, updates screened and clipped (:mod:`server.defense`); what was
         done goes to the record (``extra``, and refusals by reason and device)."""
+        modes = {g.group_id: g.mode for g in plan.groups}
         for r in results:  # chain hand-offs refused on the way (server/hops.py), and failed training
             for device in r.refused:
-                log.warning("round %d: refused the hand-off of %s; its chain went on from its input", self.rnd, device)
+                if modes.get(r.group_id) == "chain":
+                    log.warning(
+                        "round %d: refused the hand-off of %s; its chain went on from its input", self.rnd, device
+                    )
+                else:
+                    log.warning(
+                        "round %d: refused the output of %s (not finite, or its training failed)", self.rnd, device
+                    )
                 self.refusals.refuse(HOP_REASON, device)
         results, empty = without_empty_members(results)  # always: a zero weight breaks every average
         self.note_rejections(empty)

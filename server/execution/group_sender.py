@@ -137,7 +137,6 @@ class GroupSender:
         self.shared = shared
         self.shared_key: str | None = None
         self.broadcast_codec: FrameCodec = self.downlink  # set by send_start()
-        self.resends = 0
         # task id -> (model, payload, codec, base) last sent for it, for a resend of the same model
         self._sent: dict[str, tuple[np.ndarray, np.ndarray, FrameCodec, str | None]] = {}
 
@@ -157,7 +156,6 @@ class GroupSender:
         """Ask ``member`` to send the output it holds for its task again, to ``to``."""
         msg = Message.of(ResendRequest(member.task_id, to), run=self.topics.run, sender=SERVER_ID, round=self.round)
         self.publish(self.topics.inbox(member.device), msg.encode(), False)
-        self.resends += 1
 
     def own_frame(self, member: Member) -> bool:
         """Whether ``member`` gets its start model by its own frame rather than the shared
