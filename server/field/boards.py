@@ -14,7 +14,7 @@ packages, ``pyproject.toml`` and the install script); a cold build takes 5-10 mi
 per architecture here, a warm start 2-5 seconds to unpack. :class:`EmulatedBoard`
 unpacks an image into a fresh folder, mounts what a running system needs (``proc``,
 ``sys``, a private ``devpts``, ``/dev/shm``, and an ARM ``cpuinfo`` where the qemu
-needs it), and on :meth:`EmulatedBoard.refresh` runs the install script again on the
+needs it: :mod:`server.field.board_mounts`), and on :meth:`EmulatedBoard.refresh` runs the install script again on the
 current source, which is how a user updates a board. :meth:`EmulatedBoard.close` kills
 what it started, unmounts, and deletes the folder only once nothing is mounted in it.
 """
@@ -43,7 +43,8 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from device.errors import ConfigError
-from server.field.emulation import ARCHES, CPUINFO, BoardArch, needs_cpuinfo
+from server.field.board_mounts import mounted, remove_tree, run_checked
+from server.field.emulation import ARCHES, BoardArch
 from server.field.lifecycle import OpenClose
 from server.paths import REPO_ROOT, cache_dir
 
@@ -102,17 +103,9 @@ def guest_env(arch: BoardArch, extra: Mapping[str, str] | None = None) -> dict[s
     }
 
 
-def _run(argv: Sequence[str], *, timeout: float, what: str, env: Mapping[str, str] | None = None) -> str:
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, env=env)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-15:])
-        raise ConfigError(f"{what} failed (exit {proc.returncode}):\n{tail}")
-    return proc.stdout
-
-
 def source_files(repo: Path = REPO_ROOT) -> list[str]:
     """The repository's files as a user's copy holds them: tracked and new, not ignored."""
-    out = _run(
+    out = run_checked(
         ["git", "-C", str(repo), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
         timeout=60,
         what="listing the repository's files",
@@ -187,17 +180,19 @@ def ensure_image(arch: BoardArch, cache: Path | None = None, *, say: Callable[[s
         try:
             root = work / "root"
             _debootstrap(arch, root, say)
-            with _mounted(arch, root):
+            with mounted(arch, root):
                 _prepare(arch, root, say)
                 for install in INSTALLS[arch]:
                     say(f"{arch}: install-device.sh --backend {install.backend} {install.prefix}")
                     run_install(arch, root, install)
-            _run(["rm", "-rf", str(root / "root" / ".cache")], timeout=120, what="removing pip's cache")
+            run_checked(["rm", "-rf", str(root / "root" / ".cache")], timeout=120, what="removing pip's cache")
             partial = path.with_suffix(".tar.partial")
-            _run(["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], timeout=900, what="packing")
+            run_checked(
+                ["tar", "-C", str(root), "--numeric-owner", "-cf", str(partial), "."], timeout=900, what="packing"
+            )
             partial.rename(path)
         finally:
-            _remove_tree(work)
+            remove_tree(work)
         for old in path.parent.glob(f"{RELEASE}-{arch}-*.tar"):
             if old != path:
                 old.unlink(missing_ok=True)
@@ -211,13 +206,13 @@ def _debootstrap(arch: BoardArch, root: Path, say: Callable[[str], None]) -> Non
     argv = ["mmdebstrap", f"--arch={arch}", "--variant=apt", f"--include={','.join(packages)}", RELEASE, str(root)]
     for attempt in range(3):  # a mirror in the middle of a sync fails apt-get update for a while
         try:
-            _run([*argv, *SOURCES], timeout=1800, what=f"mmdebstrap ({arch})")
+            run_checked([*argv, *SOURCES], timeout=1800, what=f"mmdebstrap ({arch})")
             return
         except ConfigError as exc:
             if attempt == 2:
                 raise
             say(f"{arch}: mmdebstrap failed, trying again in 30 s: {str(exc).splitlines()[-1]}")
-            _remove_tree(root)
+            remove_tree(root)
             time.sleep(30)
 
 
@@ -233,7 +228,7 @@ def _prepare(arch: BoardArch, root: Path, say: Callable[[str], None]) -> None:
         say(f"{arch}: adding this machine's extra CA certificates")
         for cert in extra.glob("*.crt"):
             shutil.copy2(cert, root / "usr" / "local" / "share" / "ca-certificates" / cert.name)
-        _run(chroot_argv(arch, root, ["update-ca-certificates"]), timeout=600, what="update-ca-certificates")
+        run_checked(chroot_argv(arch, root, ["update-ca-certificates"]), timeout=600, what="update-ca-certificates")
 
 
 def chroot_argv(arch: BoardArch, root: Path, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
@@ -248,7 +243,7 @@ def run_install(arch: BoardArch, root: Path, install: Install) -> str:
     copy_source(root)
     script = f"{GUEST_SOURCE}/firmware_scripts/install-device.sh"
     argv = ["bash", script, "--backend", install.backend, install.prefix]
-    return _run(chroot_argv(arch, root, argv), timeout=1800, what=f"install-device.sh on the {arch} board")
+    return run_checked(chroot_argv(arch, root, argv), timeout=1800, what=f"install-device.sh on the {arch} board")
 
 
 def _sync_resolver(root: Path) -> None:
@@ -258,63 +253,6 @@ def _sync_resolver(root: Path) -> None:
         target.unlink()
     with contextlib.suppress(OSError):
         shutil.copy2("/etc/resolv.conf", target)
-
-
-def _mounts_under(root: Path) -> list[Path]:
-    """Mount points inside ``root`` (deepest first), from this process's mount table."""
-    prefix = str(root.resolve()).rstrip("/") + "/"
-    points = []
-    with open("/proc/self/mountinfo") as table:
-        for line in table:
-            point = line.split()[4].replace("\\040", " ")
-            if point.startswith(prefix):
-                points.append(Path(point))
-    return sorted(points, key=lambda p: len(p.parts), reverse=True)
-
-
-def _unmount_all(root: Path) -> None:
-    for point in _mounts_under(root):
-        done = subprocess.run(["umount", str(point)], capture_output=True, timeout=60)
-        if done.returncode != 0:  # still busy: detach it now, the kernel frees it when idle
-            subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=60)
-
-
-def _remove_tree(folder: Path) -> None:
-    """Delete ``folder``, but never through a mount: unmount first, refuse if that failed."""
-    if not folder.exists():
-        return
-    _unmount_all(folder)
-    left = _mounts_under(folder)
-    if left:
-        raise ConfigError(f"cannot delete {folder}: still mounted at {', '.join(map(str, left))}")
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _mounted(arch: BoardArch, root: Path) -> Iterator[None]:
-    """``proc``, ``sys``, a private ``devpts``, ``/dev/shm`` and, where qemu needs it, an
-    ARM ``cpuinfo`` mounted into ``root``; all unmounted afterwards, even on failure."""
-    try:
-        for fstype, where, options in (
-            ("proc", "proc", ""),
-            ("sysfs", "sys", "ro"),
-            ("devpts", "dev/pts", "newinstance,ptmxmode=0666"),
-            ("tmpfs", "dev/shm", "mode=1777"),
-        ):
-            point = root / where
-            point.mkdir(parents=True, exist_ok=True)
-            argv = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(point)]
-            _run(argv, timeout=30, what=f"mounting {where}")
-        if needs_cpuinfo(arch):
-            # qemu-user < 8 shows the guest this machine's x86 cpuinfo; XNNPACK then
-            # segfaults at interpreter start (server/field/emulation.py)
-            fake = root / "run" / "covey-cpuinfo"
-            fake.parent.mkdir(parents=True, exist_ok=True)
-            fake.write_text(CPUINFO[arch])
-            _run(["mount", "--bind", str(fake), str(root / "proc" / "cpuinfo")], timeout=30, what="mounting cpuinfo")
-        yield
-    finally:
-        _unmount_all(root)
 
 
 def cleanup_leftovers(cache: Path | None = None) -> list[Path]:
@@ -331,7 +269,7 @@ def cleanup_leftovers(cache: Path | None = None) -> list[Path]:
         if Path(f"/proc/{pid}").exists():
             continue
         with contextlib.suppress(ConfigError):
-            _remove_tree(folder)
+            remove_tree(folder)
             removed.append(folder)
     return removed
 
@@ -361,9 +299,11 @@ class EmulatedBoard(OpenClose):
         self.folder = Path(tempfile.mkdtemp(prefix=f"{BOARD_TMP_PREFIX}{self.arch}-"))
         (self.folder / "owner.pid").write_text(str(os.getpid()))  # for cleanup_leftovers
         self.root.mkdir()
-        _run(["tar", "-C", str(self.root), "--numeric-owner", "-xf", str(self.image)], timeout=600, what="unpack")
+        run_checked(
+            ["tar", "-C", str(self.root), "--numeric-owner", "-xf", str(self.image)], timeout=600, what="unpack"
+        )
         self._mounts = contextlib.ExitStack()
-        self._mounts.enter_context(_mounted(self.arch, self.root))
+        self._mounts.enter_context(mounted(self.arch, self.root))
 
     def path(self, guest: str) -> Path:
         """This machine's path of the board's ``guest`` path."""
@@ -417,5 +357,5 @@ class EmulatedBoard(OpenClose):
             self._mounts.close()
             self._mounts = None
         if self.folder is not None:
-            _remove_tree(self.folder)
+            remove_tree(self.folder)
             self.folder = None

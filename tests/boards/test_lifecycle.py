@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from server.field import boards
+from server.field import board_mounts, boards
 from server.field.emulation import ARCHES, BINFMT, Binfmt
 from tests.boards.conftest import OK, WHY
 
@@ -47,11 +47,11 @@ def test_a_folder_is_deleted_only_once_nothing_is_mounted_in_it(tmp_path: Path) 
     (folder / "root" / "dev" / "shm" / "kept").write_text("x")
 
     # Execute
-    boards._remove_tree(folder)
+    board_mounts.remove_tree(folder)
 
     # Assert: unmounted, then deleted
     assert not folder.exists()
-    assert not boards._mounts_under(tmp_path)
+    assert not board_mounts.mounts_under(tmp_path)
 
 
 def test_leftovers_of_a_dead_session_are_removed_and_a_live_one_is_kept(tmp_path: Path) -> None:
@@ -71,5 +71,5 @@ def test_leftovers_of_a_dead_session_are_removed_and_a_live_one_is_kept(tmp_path
         assert dead in removed and not dead.exists()
         assert live.exists() and live not in removed
     finally:
-        boards._remove_tree(dead)
-        boards._remove_tree(live)
+        board_mounts.remove_tree(dead)
+        board_mounts.remove_tree(live)
