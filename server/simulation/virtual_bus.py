@@ -113,7 +113,7 @@ class VirtualDevice:
         self.outbox: list[_Delivery] = []
         publish = _Publisher(me, carries, self.outbox.append)
         self.waiting = WaitingTasks()
-        self.frames = Reassembler(max_pending_per_sender=None)
+        self.frames = Reassembler()
         self.state = AgentState(Path(me), persist=False)
         self.n_params = model.n_params
         self.runner = TaskRunner(
@@ -194,7 +194,7 @@ class VirtualBus:
         self.wire = {"down": 0, "up": 0, "peer": 0}
         self._queue: deque[_Delivery] = deque()
         self._retained: dict[str, list[_Delivery]] = {}  # shared key -> its chunks
-        self._server_frames = Reassembler(max_pending_per_sender=None)
+        self._server_frames = Reassembler()
         self._batch = _Batch()
         self.dropped = 0  # messages a device or the managers refused (logged at debug level)
 
@@ -233,10 +233,12 @@ class VirtualBus:
         for device in self.devices.values():
             device.waiting.clear()
             device.outbox.clear()
+            device.frames = Reassembler()  # a partial payload of this round is never completed
             if device.waiting.held and (base_of is None or base_of(device.me) not in device.waiting.held):
                 device.waiting.held = {}
         self._queue.clear()
         self._batch = _Batch()
+        self._server_frames = Reassembler()
 
     # -- routing --------------------------------------------------------------------------
     def _from_server(self, item: _Delivery) -> None:
