@@ -285,7 +285,12 @@ def frames_size(
         base=base,
         digest=lambda d: "0" * 64,
     )
-    heads = sum(len(_head(body, i)) for i in range(n_chunks))
+    return _frames_length(body, data, n_chunks)
+
+
+def _frames_length(body: dict[str, Any], data: memoryview, n_chunks: int) -> int:
+    """The total length of the ``n_chunks`` frames that carry ``data`` under ``body``."""
+    heads = sum(len(_head(dict(body), i)) for i in range(n_chunks))
     return n_chunks * (len(MAGIC) + 4) + heads + len(data)
 
 
@@ -331,8 +336,7 @@ def whole_payload(
     header = from_body(FrameHeader, dict(body), "frame header")
     view = np.frombuffer(data, DTYPES[header.dtype]).reshape(header.shape)  # little-endian here, as framed
     view.flags.writeable = False
-    size = n_chunks * (len(MAGIC) + 4) + sum(len(_head(dict(body), i)) for i in range(n_chunks)) + len(data)
-    return Payload(header, view), size
+    return Payload(header, view), _frames_length(body, data, n_chunks)
 
 
 class Carrier(Protocol):
