@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -69,9 +70,10 @@ def simulate(
     scale: float | None,
 ) -> Outcome:
     """The run on virtual devices; ``scale``: dev000 poisons (``None``: everyone honest)."""
-    train, test = read_leaf(root / "train"), read_leaf(root / "test")
-    ids = device_ids(n_devices)
-    fed = {d: ClientData(train[w], test[w]) for d, w in zip(ids, leaf_writers(root, n_devices), strict=True)}
+    train, test = _leaf_splits(root)
+    if n_devices > len(train):
+        raise ValueError(f"{root} has {len(train)} writers, {n_devices} requested")
+    fed = {d: ClientData(train[w], test[w]) for d, w in zip(device_ids(n_devices), train, strict=False)}
     strategy = make()
     sim = Simulation(
         strategy,
@@ -87,6 +89,19 @@ def simulate(
     records = sim.run(rounds)
     assert strategy.global_weights is not None
     return Outcome(records, strategy.global_weights.copy())
+
+
+@lru_cache(maxsize=2)
+def _leaf_splits(root: Path) -> tuple[dict[str, Dataset], dict[str, Dataset]]:
+    """A LEAF folder's train and test splits, read once per process for the many runs
+    a comparison makes (reading FEMNIST's JSON is 40 % of a 20-round run). The arrays
+    are read-only, so no run can change another's data."""
+    splits = read_leaf(root / "train"), read_leaf(root / "test")
+    for split in splits:
+        for data in split.values():
+            data.x.flags.writeable = False
+            data.y.flags.writeable = False
+    return splits
 
 
 def on_boards(
