@@ -34,6 +34,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("boards") is not None:
             item.add_marker(pytest.mark.xdist_group("boards"))
+    # Longest first: xdist hands out tests in this order, so a minute-long broker or
+    # network-namespace test that comes last keeps one worker busy while the others
+    # idle. The board group (minutes under emulation) leads, then slow and broker tests,
+    # then the rest, each in collection order.
+    items.sort(key=_expected_length)
+
+
+def _expected_length(item: pytest.Item) -> int:
+    if item.get_closest_marker("boards") is not None:
+        return 0
+    if item.get_closest_marker("slow") is not None or item.get_closest_marker("broker") is not None:
+        return 1
+    return 2
 
 
 @pytest.fixture(scope="session")
