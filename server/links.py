@@ -57,6 +57,10 @@ EntrySource = Literal[
 ]
 DEFAULT_BANDWIDTH_HZ = 20e6
 TRANSFER_SAMPLES = 8  # a path's latest model transfers whose median goodput stands for it
+# A transfer timed over less than this is no rate: a busy receiver stamps chunks tens of
+# milliseconds late, which only shortens the interval (two chunks 45 ms apart on a
+# 128 Mbit/s link read 1.3-5.6 times the link under load); such a path keeps its probe
+MIN_RATE_INTERVAL_S = 0.1
 _MEASURED = ("transfer", "measured")  # entries of that path itself, not filled from others
 
 
@@ -290,8 +294,9 @@ class LinkBook:
 
     def add_transfer(self, sender: str, receiver: str, nbytes: int, seconds: float) -> float | None:
         """Count one model transfer on the path ``sender`` to ``receiver``; its goodput
-        (bit/s), or ``None`` when the figures are no rate (not finite or not positive)."""
-        if not (nbytes > 0 and math.isfinite(seconds) and seconds > 0) or sender == receiver:
+        (bit/s), or ``None`` when the figures are no rate (not finite, not positive, or
+        timed over less than :data:`MIN_RATE_INTERVAL_S`)."""
+        if not (nbytes > 0 and math.isfinite(seconds) and seconds >= MIN_RATE_INTERVAL_S) or sender == receiver:
             return None
         bps = 8.0 * nbytes / seconds
         samples = self.transfers.setdefault((sender, receiver), [])

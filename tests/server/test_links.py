@@ -8,7 +8,15 @@ import numpy as np
 
 from device.link import effective_snr_db, shannon_snr_db
 from device.protocol import InboundTransfer, LinkReport, PathReport, WifiInfo
-from server.links import MAX_PROBE_PEERS, TRANSFER_SAMPLES, LinkBook, LinkMatrices, build_link_matrices, probe_peers
+from server.links import (
+    MAX_PROBE_PEERS,
+    MIN_RATE_INTERVAL_S,
+    TRANSFER_SAMPLES,
+    LinkBook,
+    LinkMatrices,
+    build_link_matrices,
+    probe_peers,
+)
 
 
 def report(*paths: PathReport, wifi: WifiInfo | None = None) -> LinkReport:
@@ -111,6 +119,7 @@ def test_a_path_stands_for_its_latest_transfers_and_nonsense_is_not_counted() ->
     assert book.add_transfer("a", "server", 1000, float("nan")) is None
     assert book.add_transfer("a", "server", 1000, -1.0) is None
     assert book.add_transfer("a", "a", 1000, 1.0) is None
+    assert book.add_transfer("a", "server", 1_000_000, 0.9 * MIN_RATE_INTERVAL_S) is None  # too quick to time
     assert book.transfers == {}
     for k in range(TRANSFER_SAMPLES + 4):  # a link that got slower: only the latest count
         book.add_transfer("a", "server", 1_000_000 if k < 4 else 125_000, 1.0)

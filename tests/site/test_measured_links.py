@@ -5,7 +5,7 @@ the broker and the coordinator on their own hosts. Nothing tells covey the topol
 ``covey server run`` measures Γ and RTT, stores them in results.json, and DSC's primary
 groups on the measured Γ are the three sites (adjusted Rand index 1.0). After the round,
 Γ's diagonal is the goodput of the models the devices uploaded, timed by the server:
-it matches each site's shaped bandwidth.
+it matches each site's shaped bandwidth where an upload lasts long enough to time.
 
 Everything runs in network namespaces the command creates and removes, also on failure.
 """
@@ -55,18 +55,18 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     assert set(src[off]) <= {"measured", "reverse"}, links["counts"]
     assert (src[off] == "measured").mean() >= 0.9, links["counts"]
     # the diagonal: the round's uploads at each site's shaped rate (tbf: 128, 32, 8 Mbit/s).
-    # One upload is one sample of two chunks, 52 ms apart at 128 Mbit/s: a coordinator
-    # taking twelve at once can stamp the first late, which only ever shortens the
-    # interval (CI, 2026-11-27: the site's median at 1.66x its link), so at 128 Mbit/s
-    # the check is one-sided: never slower than the link, and clearly the fastest site.
-    # 0.2 s and more apart at 32 and 8 Mbit/s: per site, the median of its four within 25 %
-    assert (np.diag(src) == "transfer").all(), links["counts"]
+    # The MLP's upload is timed from its first chunk to its second: 0.18 and 0.73 s apart
+    # at 32 and 8 Mbit/s, each site's median within 25 %; at 128 Mbit/s 45 ms, less than a
+    # busy coordinator's stamping can time (links.MIN_RATE_INTERVAL_S; it read 1.3 to 5.6 times
+    # the link), so site a keeps its probe, unless a late last chunk stretched an upload
+    # past the floor. Either way site a reads faster than site b.
+    diagonal = np.diag(src)
+    assert (diagonal[4:] == "transfer").all() and set(diagonal[:4]) <= {"measured", "transfer"}, links["counts"]
     upload_bps = links["bandwidth_hz"] * np.log2(1 + 10 ** (np.diag(np.array(links["snr_db"], float)) / 10))
     site_bps = np.median(upload_bps.reshape(3, 4), axis=1)
-    error = np.abs(site_bps / np.array([128e6, 32e6, 8e6]) - 1)
-    assert (error[1:] < 0.25).all(), (upload_bps / 1e6).round(1)
-    assert 0.75 * 128e6 < site_bps[0] < 2.5 * 128e6, (upload_bps / 1e6).round(1)
-    assert site_bps[0] > 2 * site_bps[1], (upload_bps / 1e6).round(1)
+    error = np.abs(site_bps[1:] / np.array([32e6, 8e6]) - 1)
+    assert (error < 0.25).all(), (upload_bps / 1e6).round(1)
+    assert site_bps[0] > site_bps[1], (upload_bps / 1e6).round(1)
     # DSC's primary segment above is on the probes it grouped on (results.json: links.probed)
     assert links["probed"]["counts"]["snr"] == {"measured": 144}, links["probed"]["counts"]
     by_site = {s["site"]: s for s in report["sites"]}

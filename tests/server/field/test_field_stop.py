@@ -90,13 +90,17 @@ def test_hand_offs_are_timed_and_sigterm_removes_the_lab_and_every_process(tmp_p
 
     # Assert: every hand-off of round 1 (and of any later round already on record) timed,
     # each between two members of one chain, at the pace of the slower link: the median
-    # over the hand-offs, since one sample of two chunks can be far off (docs/links.md)
+    # over the hand-offs, since one sample of two chunks can be far off (docs/links.md).
+    # Between two 128 Mbit/s boards the two chunks are 45 ms apart, below what can be
+    # timed (links.MIN_RATE_INTERVAL_S): a chain with k such boards has at most k - 1 of those
     links, rounds = doc["links"], doc["rounds"]
     ids = links["ids"]
     src = np.array(links["snr_source"], dtype=object)
     snr = np.array(links["snr_db"], dtype=float)
     timed = [(ids[i], ids[j]) for i, j in zip(*np.nonzero(src == "transfer"), strict=True) if i != j]
-    assert len(timed) >= sum(len(g) - 1 for g in rounds[0]["groups"]) == 10, (rounds[0]["groups"], timed)
+    assert sum(len(g) - 1 for g in rounds[0]["groups"]) == 10, rounds[0]["groups"]
+    fast_pairs = sum(max(0, sum(d[0] == "a" for d in g) - 1) for g in rounds[0]["groups"])
+    assert len(timed) >= 10 - fast_pairs, (rounds[0]["groups"], timed)
     together = {(a, b) for r in rounds for g in r["groups"] for a in g for b in g if a != b}
     ratio: dict[bool, list[float]] = {True: [], False: []}  # measured / slower link, by "both at 128 Mbit/s"
     for sender, receiver in timed:
@@ -104,10 +108,10 @@ def test_hand_offs_are_timed_and_sigterm_removes_the_lab_and_every_process(tmp_p
         bps = links["bandwidth_hz"] * np.log2(1 + 10 ** (snr[ids.index(sender), ids.index(receiver)] / 10))
         slower = 1e6 * min(SITE_MBPS[sender[0]], SITE_MBPS[receiver[0]])
         ratio[slower > 100e6].append(bps / slower)
-        assert 0.25 < bps / slower < 4, (sender, receiver, bps / 1e6)  # a rate, of the right link
-    # two chunks of the MLP arrive 52 ms apart at 128 Mbit/s: scheduling shows there
-    for fast, values in ratio.items():
-        assert not values or abs(np.median(values) - 1) < (0.6 if fast else 0.25), (fast, ratio)
+        assert (slower > 100e6 or bps / slower > 0.25) and bps / slower < 4, (sender, receiver, bps / 1e6)
+    # at 128 Mbit/s only a hand-off whose last chunk came late passes the floor, so such
+    # a rate reads low (at most 58 Mbit/s): only the slower links' are held to 25 %
+    assert not ratio[False] or abs(np.median(ratio[False]) - 1) < 0.25, ratio
     # and SIGTERM: interrupted (130, as for Ctrl-C), nothing left behind
     assert code == 130, log.read_text(errors="replace")[-2000:]
     assert not [n for n in leftovers() if n.startswith(prefix)], leftovers()

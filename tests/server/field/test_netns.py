@@ -209,8 +209,10 @@ def test_the_traffic_meter_counts_what_a_shaped_link_still_queues_as_received(tm
         traffic = meter.stop()
 
     # Assert: what the broker's host sent in the round is what the device received or has
-    # queued toward it (to 1 %: the LAN's own chatter, such as multicast from the other
-    # hosts, reaches the device too; without the queue the two differed by ~460 kB)
+    # queued toward it; without the queue the two differed by ~460 kB. The queue and the
+    # link counters are two commands' readings while TCP still drains the sender's buffer
+    # in bursts: under the whole suite (2026-11-27) they were 54 kB apart, 1 % quiet, so
+    # the bound is a fifth of what the queue holds
     assert len(traffic.devices) == 1, traffic
     assert traffic.devices[0].down > 100_000, traffic
-    assert abs(traffic.broker[0].up - traffic.devices[0].down) < 10_000, traffic
+    assert abs(traffic.broker[0].up - traffic.devices[0].down) < 92_000, traffic
