@@ -67,6 +67,7 @@ def run_demo(
     from server.broker import start_embedded
     from server.coordinator.config import CoordinatorConfig
     from server.fleet import start_fleet
+    from server.run_config import RunConfig
     from server.serve import ServeOptions, serve
 
     start = time.perf_counter()
@@ -92,10 +93,13 @@ def run_demo(
             coord = serve(
                 ServeOptions(
                     CoordinatorConfig(run, host, port, out_dir, handoff="auto", deadline_s=60.0),
-                    strategy="fedgsp",
-                    strategy_params={"growth": "log", "alpha": 1.0, "beta": 2, "kappa": 1.0},
+                    RunConfig(
+                        strategy="fedgsp",
+                        strategy_params={"growth": "log", "alpha": 1.0, "beta": 2, "kappa": 1.0},
+                        rounds=rounds,
+                        federated_eval_every=0,  # the demo reports the server's held-out accuracy
+                    ),
                     model_path=model_path,
-                    rounds=rounds,
                     min_devices=devices,
                     eval_dir=root,
                     register_timeout=120.0,

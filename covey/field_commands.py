@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from covey.simulation_commands import add_codec_flag
+from covey.learning_flags import add_codec_flag
 from device.errors import ConfigError
 
 DEFAULT_MODEL = "mlp_femnist"

@@ -8,14 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from covey.simulation_commands import add_codec_flag, add_screening_flags
+from covey.learning_flags import FLAG_DETAIL, add_learning_flags, from_preset_and_file, learning_overrides
 from device.errors import CoveyError
 from device.mqtt import TlsFiles, check_tls_files, read_password_file
 
 if TYPE_CHECKING:
-    from server.screening import ScreeningConfig
+    from server.run_config import RunConfig
 
 log = logging.getLogger("covey.server")
+DEFAULT_STRATEGY = "fedgsp"  # the method covey was built around (docs/strategies.md)
+DEFAULT_MODEL = "mlp_femnist"
 
 
 @dataclass(frozen=True)
@@ -118,16 +120,16 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
     from server.coordinator.config import CoordinatorConfig
     from server.paths import ensure_model
     from server.serve import ServeOptions, prepare_serve, serve
-    from server.simulation.config import parse_assignments
 
     conn = _connection(args)
     listen = check_listen(args.listen) if args.listen is not None else "127.0.0.1"
+    learning = _learning(args)
     if args.model_path:
         model_path = Path(args.model_path)
         if not model_path.exists():
             raise CoveyError(f"--model-path {model_path} does not exist")
     else:
-        model_path = Path(f"{args.model}.tflite")  # replaced by the built (or cached) model below
+        model_path = Path(f"{learning.model}.tflite")  # replaced by the built (or cached) model below
     options = ServeOptions(
         CoordinatorConfig(
             conn.run,
@@ -136,28 +138,19 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
             Path(args.state_dir),
             handoff=args.handoff,
             deadline_s=args.deadline,
-            seed=args.seed,
-            federated_eval_every=args.federated_eval_every,
             username=conn.username,
             password=conn.password,
             tls=conn.tls,
             allowed_devices=conn.allowed_devices,
             max_devices=args.max_devices,
-            screening=_screening(args),
             round_attempts=args.round_attempts,
             links_every=args.links_every,
             link_bandwidth_hz=args.link_bandwidth_mhz * 1e6,
-            codec=args.codec or "fp32",
         ),
-        strategy=args.strategy,
-        strategy_params=parse_assignments(args.set),
+        learning,
         model_path=model_path,
-        rounds=args.rounds,
         min_devices=args.min_devices,
         eval_dir=Path(args.eval_data) if args.eval_data else None,
-        epochs=args.epochs,
-        batch=args.batch,
-        lr=args.lr,
         register_timeout=args.register_timeout,
         resume=args.resume,
         advertise=args.advertise,
@@ -165,7 +158,7 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
-        options.model_path = ensure_model(args.model)
+        options.model_path = ensure_model(learning.model or DEFAULT_MODEL)
     handle = None
     if conn.host is None:
         from server.broker import start_mosquitto
@@ -192,18 +185,21 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _screening(args: argparse.Namespace) -> ScreeningConfig:
-    """The screening flags as the round driver's setting (checked: one line on a mistake)."""
-    from server.screening import ScreeningConfig
+def _learning(args: argparse.Namespace) -> RunConfig:
+    """The run's learning settings as ``covey simulate`` reads them (one path: a
+    preset, then ``--config``, then flags), over this command's defaults (FedGSP on the
+    FEMNIST MLP). A simulation-only setting in the preset or file (the data set, workers,
+    a topology) is left out, and the run says which: each board trains on its own data."""
+    from server.settings import Source
+    from server.simulation.config import SimulationConfig
 
-    given = {"aggregation": args.aggregation, "trim": args.trim}
-    try:
-        return ScreeningConfig(
-            norm_factor=None if args.screening == "off" else (args.norm_factor or 10.0),
-            **{k: v for k, v in given.items() if v is not None},
-        )
-    except CoveyError as exc:
-        raise CoveyError(f"{exc} (--norm-factor, --aggregation, --trim)") from exc
+    base = SimulationConfig(strategy=DEFAULT_STRATEGY, dataset="femnist", model=DEFAULT_MODEL)
+    cfg = from_preset_and_file(args, base, args.strategy)
+    cfg = cfg.with_overrides(Source.FLAG, FLAG_DETAIL, strategy=args.strategy, **learning_overrides(args))
+    left_out = cfg.only_simulated()
+    if left_out:
+        print(f"left out (simulation only; each board trains on its own data): {', '.join(left_out)}", flush=True)
+    return cfg.learning()
 
 
 def _cmd_links(args: argparse.Namespace) -> int:
@@ -269,9 +265,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     server = sub.add_parser("server", help="the coordinator")
     server_sub = server.add_subparsers(dest="server_command", required=True, metavar="ACTION")
     p = server_sub.add_parser("run", help="run a strategy over MQTT devices")
-    p.add_argument("--strategy", default="fedgsp", help="strategy name (see `covey strategies`)")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategy parameter")
-    p.add_argument("--model", default="mlp_femnist", help="zoo model, built if needed")
+    p.add_argument("--strategy", help="strategy name (see `covey strategies`; default: the preset's, else fedgsp)")
+    p.add_argument("--seed", type=int, help="seed of sampling, grouping and device shuffles (default 0)")
+    add_learning_flags(
+        p, model_help="zoo model, built if needed (default: the preset's, else mlp_femnist)", who="device"
+    )
     p.add_argument("--model-path", help="a .tflite with its manifest (instead of --model)")
     p.add_argument("--broker", help="HOST:PORT of the broker (default: the --site's, else start mosquitto here)")
     p.add_argument("--port", type=int, help="port for the mosquitto this command starts")
@@ -293,22 +291,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--certfile", help="client certificate, if the broker asks for one (turns TLS on)")
     p.add_argument("--keyfile", help="the client certificate's unencrypted key")
     p.add_argument("--run", help="run id (topics live under covey/<run>/; default: the --site's, else 'site')")
-    p.add_argument("--rounds", type=int, default=50, help="rounds to run (default 50)")
     p.add_argument("--min-devices", type=int, required=True, help="devices to wait for before round 1")
     p.add_argument(
         "--register-timeout", type=float, default=600.0, help="seconds to wait for --min-devices (default 600)"
     )
     p.add_argument("--eval-data", help="held-out LEAF data (a folder with test/, or a test folder)")
-    p.add_argument("--epochs", type=int, help="local epochs per device and round (default: the method's paper value)")
-    p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
-    p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
-    p.add_argument(
-        "--federated-eval-every",
-        type=int,
-        default=1,
-        metavar="N",
-        help="every N rounds, each device scores the model it would use on its own test set (default 1; 0: never)",
-    )
     p.add_argument(
         "--handoff",
         choices=["auto", "direct", "relay", "mixed"],
@@ -317,7 +304,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "RTT (auto, the default; int8 and int4 runs relay, where hand-offs travel as deltas)",
     )
     p.add_argument("--deadline", type=float, default=120.0, help="seconds a device may take per task")
-    p.add_argument("--seed", type=int, default=0, help="seed of sampling, grouping and device shuffles")
     p.add_argument("--state-dir", default="runs/server", help="checkpoints, metrics and the plot")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
     p.add_argument("--advertise", action="store_true", help="announce the run with zeroconf")
@@ -349,8 +335,6 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="B",
         help="Shannon bandwidth that turns measured goodput into an effective SNR (default 20, one Wi-Fi channel)",
     )
-    add_screening_flags(p)
-    add_codec_flag(p)
     p.set_defaults(func=_cmd_server_run)
 
     p = sub.add_parser(

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from covey.learning_flags import FLAG_DETAIL, add_learning_flags, from_preset_and_file, learning_overrides
 from device.errors import ConfigError, CoveyError
 from server.simulation.threads import WORKER_KINDS
 
@@ -23,15 +24,10 @@ if TYPE_CHECKING:
 def _simulation_config(args: argparse.Namespace, strategy: str | None = None) -> SimulationConfig:
     """Preset, then config file, then flags (later sources win), with their origins."""
     from server.settings import Source
-    from server.simulation.config import SimulationConfig, load_config, parse_assignments
-    from server.simulation.presets import preset
+    from server.simulation.config import SimulationConfig, parse_assignments
 
-    cfg = SimulationConfig()
     chosen = strategy or getattr(args, "strategy", None)
-    if args.preset:
-        cfg = preset(args.preset).apply(cfg, chosen)
-    if args.config:
-        cfg = load_config(args.config, cfg)
+    cfg = from_preset_and_file(args, SimulationConfig(), chosen)
     dataset_params = parse_assignments(args.data)
     if args.data_dir:
         dataset_params["data_dir"] = args.data_dir
@@ -41,30 +37,16 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         cfg = replace(cfg, dataset_params={})  # another data set's settings do not carry over
     return cfg.with_overrides(
         Source.FLAG,
-        "command line",
+        FLAG_DETAIL,
         strategy=chosen,
         dataset=args.dataset,
-        model=args.model,
-        rounds=args.rounds,
-        seed=getattr(args, "seed", None),
         workers=args.workers,
         worker_kind=args.worker_kind,
-        epochs=args.epochs,
-        batch=args.batch,
-        lr=args.lr,
-        mu=args.mu,
         shift_probability=args.shift,
-        strategy_params=parse_assignments(args.set) or None,
         dataset_params=dataset_params or None,
-        clients_per_round=args.clients_per_round,
-        screening={"on": True, "off": False}.get(args.screening or ""),
-        norm_factor=args.norm_factor,
-        aggregation=args.aggregation,
-        trim=args.trim,
         topology=args.topology,
         link_grouping=False if args.no_link_grouping else None,
-        codec=args.codec,
-        federated_eval_every=args.federated_eval_every,
+        **learning_overrides(args),
     )
 
 
@@ -215,8 +197,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", help="a paper's setting (see `covey presets`); a config file and flags override it")
-    p.add_argument("--config", help="TOML settings file (flags override it)")
+    add_learning_flags(p, model_help="zoo model (default: mclr_synthetic / cnn_femnist / mclr_mnist)")
     p.add_argument("--dataset", choices=["synthetic", "femnist", "mnist"], help="default: synthetic")
     p.add_argument(
         "--data",
@@ -225,17 +206,6 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         help="data-set setting, e.g. alpha=1 beta=1 users=100 (synthetic), clients=100 scheme=dirichlet (mnist)",
     )
     p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (femnist)")
-    p.add_argument("--model", help="zoo model (default: mclr_synthetic / cnn_femnist / mclr_mnist)")
-    p.add_argument("--rounds", type=int, help="communication rounds")
-    p.add_argument(
-        "--clients-per-round",
-        type=int,
-        help="clients sampled per round, for the strategies that sample clients (FedGSP samples groups: κ)",
-    )
-    p.add_argument("--epochs", type=int, help="local epochs per client and round (default: the method's paper value)")
-    p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
-    p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
-    p.add_argument("--mu", type=float, help="FedProx proximal weight for local training (default: the method's)")
     p.add_argument(
         "--workers",
         type=int,
@@ -249,10 +219,6 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--shift", type=float, help="distribution-shift swap probability per round")
     p.add_argument(
-        "--set", action="append", metavar="KEY=VALUE", help="strategy parameter, e.g. n_groups=5 kappa=0.3 mu=0.01"
-    )
-    add_screening_flags(p)
-    p.add_argument(
         "--topology",
         metavar="FILE",
         help="network topology TOML (sites, links): strategies get its SNR and RTT matrices and each round "
@@ -264,47 +230,7 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         help="with --topology: strategies do not get its matrices (DSC, FedAvg-IC group on data alone); "
         "the links still time each round",
     )
-    add_codec_flag(p)
-    p.add_argument(
-        "--federated-eval-every",
-        type=int,
-        metavar="N",
-        help="every N rounds (and after the last) each client scores the model it would use on its own "
-        'test set (default 1; 0: never; what it costs a round: docs/results.md, "Simulation speed")',
-    )
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
-
-
-def add_codec_flag(p: argparse.ArgumentParser) -> None:
-    """How models travel: the same flag for ``covey simulate`` and ``covey server run``."""
-    from device.protocol import WIRE_CODECS
-
-    p.add_argument(
-        "--codec",
-        choices=WIRE_CODECS,
-        help="model payloads on the wire: fp32 (default), fp16, or int8 / int4 deltas with error "
-        "feedback (start models as deltas against the model a device holds, else as q8, 8-bit "
-        "blocks, to devices that list it and fp16 to others; chain hand-offs relayed as deltas; "
-        "int4 nearly halves int8's bytes where deltas are dense, as on the CNN; docs/protocol.md)",
-    )
-
-
-def add_screening_flags(p: argparse.ArgumentParser) -> None:
-    """What the round driver refuses and how it averages: the same flags for
-    ``simulate``, ``compare`` and ``server run`` (:mod:`server.screening`)."""
-    p.add_argument(
-        "--screening",
-        choices=("on", "off"),
-        help="refuse updates whose norm exceeds --norm-factor times the round's median (default: on)",
-    )
-    p.add_argument("--norm-factor", type=float, help="the update-norm bound, times the round's median (default 10)")
-    p.add_argument(
-        "--aggregation",
-        choices=("mean", "median", "trimmed_mean"),
-        help="how FedAvg-style strategies average: the sample-weighted mean (default), or the coordinate-wise "
-        "median or trimmed mean of Yin et al. 2018",
-    )
-    p.add_argument("--trim", type=float, help="the trimmed mean's fraction cut at each end, in [0, 0.5) (default 0.2)")
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -12,7 +12,7 @@ resumes from the last checkpoint (``--resume``).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,11 @@ import numpy as np
 
 from device.data import Dataset, read_leaf
 from device.errors import ConfigError
-from device.protocol import WIRE_CODECS
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.records import write_run
-from server.screening import ScreeningConfig
-from server.settings import Setting, Source, resolve_strategy_params, resolve_training
-from server.strategies import make_strategy
+from server.run_config import RunConfig, resolve_run
+from server.settings import Setting, Source
 from server.strategies.base import Strategy, TrainConfig
 
 log = logging.getLogger("covey.server")
@@ -35,24 +33,29 @@ RESULTS_STEM = "results"
 
 @dataclass
 class ServeOptions:
-    """What ``covey server run`` runs: the coordinator's own settings (``coordinator``,
-    passed on whole) and what the command adds around them."""
+    """What ``covey server run`` runs: the run's learning settings (``learning``, the
+    same typed model ``covey simulate`` fills), the coordinator's own settings
+    (``coordinator``, passed on whole: its seed, codec, screening and evaluation
+    schedule are taken from ``learning`` when the run is prepared) and what the
+    command adds around them."""
 
     coordinator: CoordinatorConfig
-    strategy: str
-    strategy_params: dict[str, Any]
+    learning: RunConfig
     model_path: Path
-    rounds: int
     min_devices: int
     eval_dir: Path | None = None
-    epochs: int | None = None  # None: the strategy's paper value
-    batch: int | None = None
-    lr: float | None = None
     register_timeout: float = 300.0
     resume: bool = False
     advertise: bool = False
     advertise_host: str | None = None  # the broker host boards are told (None: the coordinator's host)
-    origins: dict[str, Source] = field(default_factory=dict)  # who set what (flag, preset...)
+
+    @property
+    def strategy(self) -> str:
+        return self.learning.strategy
+
+    @property
+    def rounds(self) -> int:
+        return self.learning.rounds
 
 
 @dataclass(frozen=True)
@@ -65,36 +68,31 @@ class PreparedServe:
 
 
 def prepare_serve(opts: ServeOptions) -> PreparedServe:
-    """Check every setting before anything connects or is written."""
-    c = opts.coordinator
+    """Check every setting before anything connects or is written; the coordinator's
+    copies of the learning settings are set from ``opts.learning`` here."""
+    run = opts.learning
+    opts.coordinator = c = replace(
+        opts.coordinator,
+        seed=run.seed,
+        codec=run.codec,  # type: ignore[arg-type]  # checked by RunConfig
+        federated_eval_every=run.federated_eval_every,
+        screening=run.screening_config(),
+    )
     for name, value, low in (
-        ("--rounds", opts.rounds, 1),
         ("--min-devices", opts.min_devices, 1),
-        ("--seed", c.seed, 0),
-        ("--federated-eval-every", c.federated_eval_every, 0),
         ("--max-devices", c.max_devices, 1),
         ("--round-attempts", c.round_attempts, 1),
         ("--links-every", c.links_every, 0),
     ):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
-    if c.codec not in WIRE_CODECS:
-        raise ConfigError(f"--codec must be one of {', '.join(WIRE_CODECS)}, got {c.codec!r}")
     if c.deadline_s <= 0 or opts.register_timeout <= 0:
         raise ConfigError("--deadline and --register-timeout must be positive numbers of seconds")
-    origin = opts.origins
-    given_train = {
-        k: Setting(v, origin.get(k, Source.FLAG), f"--{k}")
-        for k, v in (("epochs", opts.epochs), ("batch", opts.batch), ("lr", opts.lr))
-        if v is not None
-    }
-    train, train_settings = resolve_training(opts.strategy, given_train)
-    given = {k: Setting(v, Source.FLAG, "--set") for k, v in opts.strategy_params.items()}
-    params, param_settings = resolve_strategy_params(opts.strategy, given)
-    strategy = make_strategy(opts.strategy, train=train, **params)
+    resolved = resolve_run(run)
+    strategy = resolved.strategy
     if opts.min_devices < strategy.min_clients():
         raise ConfigError(
-            f"{opts.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
+            f"{run.strategy} needs {strategy.min_clients()} devices (e.g. clients per round) but --min-devices is "
             f"{opts.min_devices}: raise --min-devices or lower the strategy's setting (covey strategies lists them)"
         )
     if not 0 < c.link_bandwidth_hz < float("inf"):
@@ -109,12 +107,10 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
     if opts.eval_dir is not None and not opts.eval_dir.exists():
         raise ConfigError(f"--eval-data {opts.eval_dir} does not exist")
     settings = {
-        "strategy": Setting(opts.strategy, Source.FLAG, "--strategy"),
-        "rounds": Setting(opts.rounds, Source.FLAG, "--rounds"),
-        "seed": Setting(c.seed, Source.FLAG, "--seed"),
+        **run.learning_settings(),
+        "model": run.setting("model", opts.model_path.stem),
         "handoff": Setting(c.handoff, Source.FLAG, "--handoff"),
         "deadline_s": Setting(c.deadline_s, Source.FLAG, "--deadline"),
-        "model": Setting(opts.model_path.stem, Source.FLAG, str(opts.model_path)),
         "allowed_devices": Setting(
             sorted(c.allowed_devices) if c.allowed_devices is not None else "any",
             Source.FLAG if c.allowed_devices is not None else Source.DEFAULT,
@@ -124,23 +120,9 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         "round_attempts": Setting(c.round_attempts, Source.FLAG, "--round-attempts"),
         "links_every": Setting(c.links_every, Source.FLAG, "--links-every"),
         "link_bandwidth_hz": Setting(c.link_bandwidth_hz, Source.FLAG, "--link-bandwidth-mhz"),
-        "codec": Setting(c.codec, Source.FLAG, "--codec"),
-        "federated_eval_every": Setting(c.federated_eval_every, Source.FLAG, "--federated-eval-every"),
-        **_screening_settings(c.screening),
-        **train_settings,
-        **param_settings,
+        **resolved.settings,
     }
-    return PreparedServe(opts, train, params, settings, strategy)
-
-
-def _screening_settings(screening: ScreeningConfig | None) -> dict[str, Setting]:
-    s = screening or ScreeningConfig(norm_factor=None)
-    return {
-        "screening": Setting(s.norm_factor is not None, Source.FLAG, "--screening"),
-        "norm_factor": Setting(s.norm_factor, Source.FLAG, "--norm-factor"),
-        "aggregation": Setting(s.aggregation, Source.FLAG, "--aggregation"),
-        "trim": Setting(s.trim, Source.FLAG, "--trim"),
-    }
+    return PreparedServe(opts, resolved.train, resolved.params, settings, strategy)
 
 
 def leaf_eval_set(root: Path) -> Dataset:

@@ -42,18 +42,14 @@ paper values. Unknown keys are errors that name the key.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any
 
-from device.errors import ConfigError, CoveyError
-from device.protocol.codecs import WIRE_CODECS
-from server.settings import Setting, Source
+from device.errors import ConfigError
+from server.run_config import RunConfig, is_int, is_number, shown
+from server.settings import Source
 from server.simulation.threads import WORKER_KINDS, WorkerKind, default_workers
-
-if TYPE_CHECKING:  # the strategies load only when a run is prepared
-    from server.screening import ScreeningConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,27 +80,11 @@ DATASET_KINDS = {
 SHIFT_MODES = ("all", "part")
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> TypeGuard[float]:
-    """An int or float that a float holds: TOML integers may have thousands of digits,
-    and ``float()`` of one beyond 1.8e308 raises OverflowError (bench/fuzz.py found it)."""
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        return False
-    try:
-        float(value)
-    except OverflowError:
-        return False
-    return True
-
-
 def _check_dataset_value(key: str, value: Any) -> None:
     kind = DATASET_KINDS[key]
     ok = {
-        "number": lambda v: _is_number(v) and v >= 0 and v == v and v != float("inf"),
-        "count": lambda v: _is_int(v) and v >= 1,
+        "number": lambda v: is_number(v) and v >= 0 and v == v and v != float("inf"),
+        "count": lambda v: is_int(v) and v >= 1,
         "flag": lambda v: isinstance(v, bool),
         "string": lambda v: isinstance(v, str) and bool(v),
     }[kind](value)
@@ -115,61 +95,37 @@ def _check_dataset_value(key: str, value: Any) -> None:
             "flag": "true or false",
             "string": "a non-empty string",
         }
-        raise ConfigError(f"dataset setting {key} must be {rule[kind]}, got {_shown(value)}")
-
-
-def _shown(value: Any) -> str:
-    text = repr(value) if not (_is_int(value) and value.bit_length() > 256) else "a huge integer"
-    return text if len(text) <= 80 else text[:79] + "…"
+        raise ConfigError(f"dataset setting {key} must be {rule[kind]}, got {shown(value)}")
 
 
 @dataclass(frozen=True)
-class SimulationConfig:
-    strategy: str = "fedavg"
-    strategy_params: dict[str, Any] = field(default_factory=dict)
+class SimulationConfig(RunConfig):
+    """A run's learning settings (:class:`~server.run_config.RunConfig`, shared with
+    ``covey server run``) and what only a simulation has: the data set, the workers,
+    distribution shift and a link topology."""
+
     dataset: str = "synthetic"
     dataset_params: dict[str, Any] = field(default_factory=dict)
-    model: str | None = None
-    rounds: int = 50
-    seed: int = 0
     workers: int = field(default_factory=default_workers)  # one per core, at most 4 (threads.py)
     worker_kind: WorkerKind = "thread"  # with workers > 1: threads of this process or forked processes
-    epochs: int | None = None  # None: the strategy's paper value
-    batch: int | None = None
-    lr: float | None = None
-    mu: float | None = None
     shift_probability: float = 0.0
     shift_mode: str = "all"
-    clients_per_round: int | None = None  # applied to the strategies that take it
-    screening: bool = True  # the update-norm bound (server/screening.py)
-    norm_factor: float = 10.0
-    aggregation: str = "mean"
-    trim: float = 0.2
     topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
     link_grouping: bool = True  # strategies get the topology's matrices (False: they time the rounds only)
-    codec: str = "fp32"  # how models travel (device/protocol/codecs.py): fp32, fp16, int8, int4
-    # every N rounds (and after the last) each client scores the model it would use on its
-    # own test set; 0: never (the coordinator's --federated-eval-every)
-    federated_eval_every: int = 1
-    # who set what: "rounds", "epochs", "strategy.<key>", "dataset.<key>" -> (source, detail)
-    origins: Mapping[str, tuple[Source, str]] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("strategy", "dataset", "shift_mode"):
+        super().__post_init__()
+        for name in ("dataset", "shift_mode"):
             if not isinstance(getattr(self, name), str):
-                raise ConfigError(f"{name} must be a string, got {_shown(getattr(self, name))}")
-        if self.model is not None and not (isinstance(self.model, str) and self.model):
-            raise ConfigError(f"model must be the name of a zoo model (a string), got {_shown(self.model)}")
+                raise ConfigError(f"{name} must be a string, got {shown(getattr(self, name))}")
         if self.dataset not in DATASETS:
             raise ConfigError(f"unknown data set {self.dataset!r}; choose one of {', '.join(DATASETS)}")
         if not isinstance(self.link_grouping, bool):
-            raise ConfigError(f"link_grouping must be true or false, got {_shown(self.link_grouping)}")
+            raise ConfigError(f"link_grouping must be true or false, got {shown(self.link_grouping)}")
         if not self.link_grouping and self.topology is None:
             raise ConfigError("link_grouping = false (--no-link-grouping) needs a topology (--topology FILE) to time")
         if self.worker_kind not in WORKER_KINDS:
-            raise ConfigError(f"worker_kind must be one of {', '.join(WORKER_KINDS)}, got {_shown(self.worker_kind)}")
-        if self.codec not in WIRE_CODECS:
-            raise ConfigError(f"codec must be one of {', '.join(WIRE_CODECS)}, got {_shown(self.codec)}")
+            raise ConfigError(f"worker_kind must be one of {', '.join(WORKER_KINDS)}, got {shown(self.worker_kind)}")
         if self.shift_mode not in SHIFT_MODES:
             raise ConfigError(f"shift_mode must be one of {', '.join(SHIFT_MODES)}, got {self.shift_mode!r}")
         unknown = set(self.dataset_params) - DATASET_KEYS[self.dataset]
@@ -180,81 +136,20 @@ class SimulationConfig:
             )
         for key, value in self.dataset_params.items():
             _check_dataset_value(key, value)
-        for name, value, low in (
-            ("rounds", self.rounds, 1),
-            ("workers", self.workers, 1),
-            ("epochs", self.epochs, 1),
-            ("batch", self.batch, 1),
-            ("seed", self.seed, 0),
-            ("clients_per_round", self.clients_per_round, 1),
-            ("federated_eval_every", self.federated_eval_every, 0),
-        ):
-            if value is None and name in ("epochs", "batch", "clients_per_round"):
-                continue
-            if not _is_int(value) or value < low:
-                raise ConfigError(f"{name} must be an integer >= {low}, got {_shown(value)}")
-        if self.lr is not None and not (_is_number(self.lr) and 0 < self.lr < float("inf")):
-            raise ConfigError(f"lr must be a positive number, got {_shown(self.lr)}")
-        if self.mu is not None and not (_is_number(self.mu) and 0 <= self.mu < float("inf")):
-            raise ConfigError(f"mu must be a number >= 0, got {_shown(self.mu)}")
-        if not (_is_number(self.shift_probability) and 0 <= self.shift_probability <= 1):
-            raise ConfigError(f"shift probability must be in [0, 1], got {_shown(self.shift_probability)}")
-        if not isinstance(self.screening, bool):
-            raise ConfigError(f"screening must be true or false, got {_shown(self.screening)}")
-        if not _is_number(self.norm_factor) or not _is_number(self.trim) or not isinstance(self.aggregation, str):
-            raise ConfigError(
-                "norm_factor and trim must be numbers and aggregation a string, got "
-                f"{_shown(self.norm_factor)}, {_shown(self.trim)}, {_shown(self.aggregation)}"
-            )
-        try:
-            self.screening_config()
-        except CoveyError as exc:
-            raise ConfigError(str(exc)) from None
-
-    def screening_config(self) -> ScreeningConfig:
-        """What the round driver screens and how it averages (:mod:`server.screening`)."""
-        from server.screening import ScreeningConfig
-
-        return ScreeningConfig(
-            norm_factor=float(self.norm_factor) if self.screening else None,
-            aggregation=self.aggregation,  # type: ignore[arg-type]
-            trim=float(self.trim),
-        )
+        if not is_int(self.workers) or self.workers < 1:
+            raise ConfigError(f"workers must be an integer >= 1, got {shown(self.workers)}")
+        if not (is_number(self.shift_probability) and 0 <= self.shift_probability <= 1):
+            raise ConfigError(f"shift probability must be in [0, 1], got {shown(self.shift_probability)}")
 
     @property
     def model_name(self) -> str:
         return self.model or DEFAULT_MODEL[self.dataset]
 
-    def with_overrides(self, source: Source = Source.FLAG, detail: str = "", **changes: Any) -> SimulationConfig:
-        """A copy with ``changes`` (``None`` values are ignored) set by ``source``.
-
-        ``strategy_params`` and ``dataset_params`` are merged key by key."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        origins = dict(self.origins)
-        for key, value in changes.items():
-            if key in ("strategy_params", "dataset_params"):
-                prefix = key.split("_")[0]
-                origins.update({f"{prefix}.{k}": (source, detail) for k in value})
-            else:
-                origins[key] = (source, detail)
-        if "strategy_params" in changes:
-            changes["strategy_params"] = {**self.strategy_params, **changes["strategy_params"]}
-        if "dataset_params" in changes:
-            changes["dataset_params"] = {**self.dataset_params, **changes["dataset_params"]}
-        return replace(self, origins=origins, **changes)
-
-    def setting(self, key: str, value: Any) -> Setting:
-        """The effective setting ``key`` (``value``) with where it came from."""
-        source, detail = self.origins.get(key, (Source.DEFAULT, ""))
-        return Setting(value, source, detail)
-
-    def given(self, prefix: str) -> dict[str, Setting]:
-        """The settings under ``prefix`` that someone set (``train``, ``strategy``)."""
-        if prefix == "train":
-            values = {"epochs": self.epochs, "batch": self.batch, "lr": self.lr, "mu": self.mu}
-            return {k: self.setting(k, v) for k, v in values.items() if v is not None}
-        params = self.strategy_params if prefix == "strategy" else self.dataset_params
-        return {k: self.setting(f"{prefix}.{k}", v) for k, v in params.items()}
+    def only_simulated(self) -> list[str]:
+        """The settings someone set that only a simulation uses (a server run taking
+        this file or preset says it leaves them out)."""
+        own = set(SimulationConfig.__dataclass_fields__) - set(RunConfig.__dataclass_fields__)
+        return sorted(key for key in self.origins if key.split(".")[0] in own or key.startswith("dataset."))
 
 
 SECTIONS = {"simulation", "dataset", "train", "strategy", "screening"}
@@ -279,7 +174,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         raise ConfigError(f"{path}: unknown section(s) {sorted(unknown)}; use {sorted(SECTIONS)}")
     for section in SECTIONS & set(raw):
         if not isinstance(raw[section], dict):
-            raise ConfigError(f"{path}: [{section}] must be a table of settings, got {_shown(raw[section])}")
+            raise ConfigError(f"{path}: [{section}] must be a table of settings, got {shown(raw[section])}")
     sim, data, train, strat, screen = (
         dict(raw.get(s, {})) for s in ("simulation", "dataset", "train", "strategy", "screening")
     )

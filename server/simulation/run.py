@@ -19,10 +19,10 @@ import numpy as np
 from device.errors import ConfigError
 from server.backend import RoundRecord
 from server.records import plot_runs, summary, write_run
-from server.settings import Setting, resolve_strategy_params, resolve_training
+from server.run_config import resolve_run
+from server.settings import Setting
 from server.simulation import datasets
 from server.simulation.config import SimulationConfig
-from server.strategies import make_strategy
 from server.strategies.base import Strategy, TrainConfig
 
 
@@ -67,12 +67,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
     """Resolve the strategy's training and parameters (paper values unless set) and
     check them by building the strategy once: every mistake surfaces here, before any
     data is generated or any file written."""
-    train, train_settings = resolve_training(cfg.strategy, cfg.given("train"))
-    given = cfg.given("strategy")
-    if cfg.clients_per_round is not None and "clients_per_round" in _accepts(cfg.strategy):
-        given.setdefault("clients_per_round", cfg.setting("clients_per_round", cfg.clients_per_round))
-    params, param_settings = resolve_strategy_params(cfg.strategy, given)
-    strategy = make_strategy(cfg.strategy, train=train, **params)  # raises StrategyError on a bad value
+    resolved = resolve_run(cfg)  # raises StrategyError on a bad value
     if cfg.topology is not None:
         from server.simulation.topology import load_topology
 
@@ -80,34 +75,19 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
             raise ConfigError(f"topology must be a path to a TOML file, got {cfg.topology!r}")
         load_topology(cfg.topology)  # a bad file is one clear line before anything runs
     settings: dict[str, Setting] = {
-        "strategy": cfg.setting("strategy", cfg.strategy),
+        **cfg.learning_settings(),
         "dataset": cfg.setting("dataset", cfg.dataset),
         "model": cfg.setting("model", cfg.model_name),
-        "rounds": cfg.setting("rounds", cfg.rounds),
-        "seed": cfg.setting("seed", cfg.seed),
         "workers": cfg.setting("workers", cfg.workers),
         "worker_kind": cfg.setting("worker_kind", cfg.worker_kind),
         "shift_probability": cfg.setting("shift_probability", cfg.shift_probability),
         "shift_mode": cfg.setting("shift_mode", cfg.shift_mode),
-        "screening": cfg.setting("screening", cfg.screening),
-        "norm_factor": cfg.setting("norm_factor", cfg.norm_factor),
-        "aggregation": cfg.setting("aggregation", cfg.aggregation),
-        "trim": cfg.setting("trim", cfg.trim),
         "topology": cfg.setting("topology", cfg.topology or "none"),
         "link_grouping": cfg.setting("link_grouping", cfg.link_grouping),
-        "codec": cfg.setting("codec", cfg.codec),
-        "federated_eval_every": cfg.setting("federated_eval_every", cfg.federated_eval_every),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
-        **train_settings,
-        **param_settings,
+        **resolved.settings,
     }
-    return PreparedRun(cfg, train, params, settings, strategy)
-
-
-def _accepts(strategy: str) -> set[str]:
-    from server.strategies import strategy_parameters
-
-    return strategy_parameters(strategy)
+    return PreparedRun(cfg, resolved.train, resolved.params, settings, resolved.strategy)
 
 
 @dataclass

@@ -13,8 +13,8 @@ from tests.covey.test_cli_mistakes import assert_one_line_error, covey
 @pytest.mark.parametrize(
     ("argv", "needles"),
     [
-        (["--rounds", "-1", "--min-devices", "1"], ["--rounds must be at least 1, got -1"]),
-        (["--rounds", "0", "--min-devices", "1"], ["--rounds must be at least 1"]),
+        (["--rounds", "-1", "--min-devices", "1"], ["rounds must be an integer >= 1, got -1"]),
+        (["--rounds", "0", "--min-devices", "1"], ["rounds must be an integer >= 1"]),
         (["--strategy", "fedavg", "--min-devices", "2"], ["fedavg needs 10 devices", "--min-devices is 2"]),
         (["--strategy", "nope", "--min-devices", "2"], ["unknown strategy 'nope'"]),
         (["--set", "kappa=2", "--min-devices", "2"], ["kappa (κ, the group sampling rate) must be in (0, 1], got 2.0"]),

@@ -100,3 +100,34 @@ def test_allow_devices_admits_only_the_listed_devices_and_the_screening_flags_re
     assert (settings["aggregation"]["value"], settings["norm_factor"]["value"]) == ("median", 5.0)
     refused = sum(r["dropped"].get("registration refused: not on the allowlist", 0) for r in result["rounds"])
     assert refused >= 1
+
+
+def test_a_simulation_config_file_runs_on_boards_with_its_sources_recorded(broker, observe, tmp_path, capsys) -> None:
+    # Prepare: the file `covey simulate --config run.toml` reads (docs/running.md), with a data set
+    run, root, state = "cli-config", femnist_root(), tmp_path / "state"
+    config = tmp_path / "run.toml"
+    config.write_text(
+        '[simulation]\nrounds = 1\nseed = 4\n\n[dataset]\nname = "femnist"\n\n'
+        '[train]\nbatch = 7\nepochs = 1\n\n[strategy]\nname = "fedavg"\nclients_per_round = 4\n'
+    )
+    observer = observe(run)
+
+    # Execute: the command of docs/running.md
+    with start_fleet(root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path):
+        code = main(
+            [
+                *("server", "run", "--broker", broker.address, "--run", run, "--config", str(config)),
+                *("--min-devices", "4", "--state-dir", str(state), "--register-timeout", "120"),
+            ]
+        )
+
+    # Assert: the file's training reached every board, and the results say where each setting came from
+    assert code == 0
+    requests = [m.body for m in observer.messages("/inbox") if isinstance(m.body, TrainRequest)]
+    assert len(requests) == 4 and {(r.train.epochs, r.train.batch) for r in requests} == {(1, 7)}
+    settings = json.loads((state / "results.json").read_text())["settings"]
+    assert settings["train.batch"] == {"value": 7, "source": "config file", "detail": str(config)}
+    assert settings["strategy"]["value"] == "fedavg" and settings["seed"]["value"] == 4
+    assert settings["strategy.clients_per_round"]["source"] == "config file"
+    assert settings["train.lr"]["source"] == "covey default"  # FedAvg's paper is silent
+    assert "left out (simulation only; each board trains on its own data): dataset" in capsys.readouterr().out
