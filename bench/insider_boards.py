@@ -126,18 +126,17 @@ def run_site(
                 ensure_model("mlp_femnist"),
                 held_out,
             )
+            pids = {f"agent {d}": p.pid for d, p in zip(devices, fleet.processes, strict=True) if d != INSIDER}
+            assert broker.process is not None
+            meters: list[PeakRss] = []
+
+            def measure() -> None:  # from round 1: registration is not what the table reports
+                meters.append(PeakRss({**pids, "broker": broker.process.pid}))  # type: ignore[union-attr]
+
             try:
-                coord.connect()
-                coord.wait_for_devices(len(devices), timeout=180)
-                coord.setup_strategy()
-                pids = {f"agent {d}": p.pid for d, p in zip(devices, fleet.processes, strict=True) if d != INSIDER}
-                assert broker.process is not None
-                memory = PeakRss({**pids, "broker": broker.process.pid})
-                records = [coord.step() for _ in range(args.board_rounds)]
-                peak = memory.stop()
-                coord.stop_devices()
+                records = coord.run_rounds(len(devices), args.board_rounds, register_timeout=180, on_ready=measure)
             finally:
-                coord.close()
+                peak = meters[0].stop() if meters else {}
     finally:
         broker.stop()
     return Run(records, peak)

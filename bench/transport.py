@@ -170,9 +170,6 @@ def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) ->
             "fedavg", train=TrainConfig(epochs=1, batch_size=5, lr=0.01), clients_per_round=n_agents
         )
         coord = Coordinator(CoordinatorConfig(run, host, port, Path(tmp) / "state", deadline_s=900), strategy, model)
-        coord.connect()
-        coord.wait_for_devices(n_agents, 900)
-        coord.setup_strategy()
         train_seconds: list[float] = []
         finished_at: list[float] = []  # device clock = this machine's clock
         original = coord.inbox._on_result
@@ -184,10 +181,9 @@ def round_overhead(host: str, port: int, n_agents: int, log_dir: Path | None) ->
             original(device, msg)
 
         coord.inbox._on_result = spy  # type: ignore[method-assign]
-        round_start = time.time()
-        metrics = coord.step()
-        coord.stop_devices()
-        coord.close()
+        started: list[float] = []
+        [metrics] = coord.run_rounds(n_agents, 1, register_timeout=900, on_ready=lambda: started.append(time.time()))
+        round_start = started[0]
     slowest = max(train_seconds)
     starts = [end - secs - round_start for end, secs in zip(finished_at, train_seconds, strict=True)]
     ends = [end - round_start for end in finished_at]

@@ -294,15 +294,25 @@ class Coordinator:
         )
         return record
 
-    def run_rounds(self, n_devices: int, rounds: int, *, register_timeout: float = 120.0) -> list[RoundRecord]:
+    def run_rounds(
+        self,
+        n_devices: int,
+        rounds: int,
+        *,
+        register_timeout: float = 120.0,
+        on_ready: Callable[[], None] | None = None,
+    ) -> list[RoundRecord]:
         """A whole run without a user in front of it (harnesses, benchmarks): connect,
-        wait for ``n_devices``, set the strategy up, ``rounds`` rounds, stop the devices;
-        the link is closed however it ends. ``covey server run`` adds resume, link
+        wait for ``n_devices``, set the strategy up, call ``on_ready`` (a benchmark
+        starts its clocks and meters there), ``rounds`` rounds, stop the devices; the
+        link is closed however it ends. ``covey server run`` adds resume, link
         measurement, progress and results files around the same steps (server/serve.py)."""
         try:
             self.connect()
             self.wait_for_devices(n_devices, timeout=register_timeout)
             self.setup_strategy()
+            if on_ready is not None:
+                on_ready()
             self.driver.last_round = rounds
             records = [self.step() for _ in range(rounds)]
             self.stop_devices()
