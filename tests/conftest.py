@@ -26,27 +26,44 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("COVEY_TRAIN_PRIORITY", "normal")
 
 
+DURATIONS_KEY = "covey/durations"  # seconds per test id, from the last run here (.pytest_cache)
+_durations: dict[str, float] = {}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under ``pytest -n`` (``./dev test``), every board test runs on one worker: they
     share the emulated boards, mounted once per worker and session, and the kernel's
-    binfmt registration, which one worker's set-up would clear under another's."""
+    binfmt registration, which one worker's set-up would clear under another's.
+
+    Longest first: xdist hands tests out in this order, so a minute-long broker or
+    network-namespace test that started last would keep one worker busy while the others
+    idle. Each test's length is what it took in the last run on this machine, else a
+    guess from its markers (the board group, then slow and broker tests, then the rest)."""
+    known: dict[str, float] = config.cache.get(DURATIONS_KEY, {}) if config.cache is not None else {}
     for item in items:
         if item.get_closest_marker("boards") is not None:
             item.add_marker(pytest.mark.xdist_group("boards"))
-    # Longest first: xdist hands out tests in this order, so a minute-long broker or
-    # network-namespace test that comes last keeps one worker busy while the others
-    # idle. The board group (minutes under emulation) leads, then slow and broker tests,
-    # then the rest, each in collection order.
-    items.sort(key=_expected_length)
+    items.sort(key=lambda item: -known.get(item.nodeid, _guessed_length(item)))
 
 
-def _expected_length(item: pytest.Item) -> int:
+def _guessed_length(item: pytest.Item) -> float:
     if item.get_closest_marker("boards") is not None:
-        return 0
+        return 1000.0  # the group runs on one worker for minutes: it leads
     if item.get_closest_marker("slow") is not None or item.get_closest_marker("broker") is not None:
-        return 1
-    return 2
+        return 10.0
+    return 0.1
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Each test's set-up, call and tear-down time (under xdist, the controller sees all)."""
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if _durations and session.config.cache is not None and not hasattr(session.config, "workerinput"):
+        known = session.config.cache.get(DURATIONS_KEY, {})
+        session.config.cache.set(DURATIONS_KEY, {**known, **_durations})
 
 
 @pytest.fixture(scope="session")
