@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import multiprocessing as mp
 import os
 from collections.abc import Callable, Sequence
@@ -132,6 +133,10 @@ _RUNNER: Any = None
 _ATTACHED: dict[str, SharedMemory] = {}
 
 
+def _started() -> bool:
+    return True
+
+
 def _init_worker(make_runner: Callable[[], Any]) -> None:
     global _RUNNER
     _RUNNER = make_runner()
@@ -205,6 +210,18 @@ class SharedPool:
         self.executor = ProcessPoolExecutor(
             workers, mp_context=mp.get_context("fork"), initializer=_init_worker, initargs=(make_runner,)
         )
+        # The workers fork now, with every object of this process frozen out of the
+        # garbage collector: a child inherits them all, and collecting the parent's
+        # cycles there runs finalizers (of interpreters, sockets, threads' state) in a
+        # process where those threads do not exist. Under the whole test suite a worker
+        # died of exactly that (SIGSEGV while "Garbage-collecting" in _swap). The
+        # parent's own garbage is collected first, here, where it is safe.
+        gc.collect()
+        gc.freeze()
+        try:
+            self.executor.submit(_started).result()  # with the fork context, every worker starts at once
+        finally:
+            gc.unfreeze()
 
     def _share_inputs(self, calls: Sequence[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], str | None]:
         distinct: dict[tuple[Any, ...], np.ndarray] = {}

@@ -4,7 +4,10 @@ weights through shared memory; results bit for bit those of one worker."""
 from __future__ import annotations
 
 import copy
+import gc
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -258,3 +261,44 @@ def test_thread_workers_call_a_function_with_the_runner_first() -> None:
 
     assert [o[1] for o in out] == [0, 3, 6, 9, 12]
     assert {o[0] for o in out} <= {"a", "b"}
+
+
+class _Collector:
+    """Runs the garbage collector in the worker, as any allocation-heavy call may."""
+
+    def collect(self, value: int) -> int:
+        gc.collect()
+        return value
+
+
+class _Finalized:
+    """A cycle whose finalizer records the process it ran in."""
+
+    def __init__(self, record: Path) -> None:
+        self.record, self.me = record, self
+
+    def __del__(self) -> None:
+        with self.record.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+
+
+def test_the_parents_garbage_is_never_finalized_in_a_forked_worker(tmp_path: Path) -> None:
+    # Under the whole suite a worker died of SIGSEGV while collecting garbage it had
+    # inherited: finalizers of the parent's objects ran in a process without their threads.
+    # Prepare: a garbage cycle the parent has not collected when the workers fork
+    record = tmp_path / "finalized.txt"
+    gc.disable()
+    try:
+        _Finalized(record)  # unreachable at once; only the collector can free a cycle
+        pool = SharedPool(2, _Collector, slot_bytes=1024)
+    finally:
+        gc.enable()
+    try:
+        # Execute: each worker collects its garbage
+        out = pool.map("collect", [(1,), (2,)])
+    finally:
+        pool.close()
+
+    # Assert: the cycle was finalized once, in the parent
+    assert out == [1, 2]
+    assert record.read_text().split() == [str(os.getpid())]
