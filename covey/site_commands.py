@@ -63,6 +63,19 @@ def _cmd_site_add_device(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_site_add_edge(args: argparse.Namespace) -> int:
+    from server.site.edge import EdgeSpec
+    from server.site.edge_files import add_edge
+
+    edge = EdgeSpec(args.name, tuple(args.host or ()), tuple(args.ip or ()), tuple(args.devices or ()), args.port)
+    folder = add_edge(Path(args.dir), edge)
+    print(f"added the edge {args.name!r} in {folder}: its mosquitto bridges to the site's broker as edge.{args.name}")
+    print(f"  its boards now dial it: {', '.join(edge.devices)} (give each its new device.toml from devices/<ID>/)")
+    print("  a running central broker takes the bridge's user after a reload (SIGHUP, or systemctl reload mosquitto)")
+    print(f"next, on the edge's host: covey broker run --site {args.dir} --edge {args.name}")
+    return 0
+
+
 def _cmd_site_sample_data(args: argparse.Namespace) -> int:
     from server.paths import femnist_dir
     from server.site.sample_data import sample_data
@@ -105,18 +118,26 @@ def _cmd_broker_run(args: argparse.Namespace) -> int:
     from server.site.broker_log import with_denials
 
     site = load_site(Path(args.site))
-    conf = site.layout.broker_conf
+    conf, port, loopback = site.layout.broker_conf, site.spec.port, site.spec.loopback_port
+    what = f"the covey site {site.spec.run!r}"
+    if args.edge is not None:
+        from server.site.edge import edge_conf
+        from server.site.edge_files import load_edge
+
+        edge = load_edge(site, args.edge)
+        conf, port, loopback = edge_conf(site.layout, edge.name), edge.port, None
+        what = f"the edge {edge.name!r} of {what}, bridged to {site.spec.broker}"
     if not conf.is_file():
         raise ConfigError(f"{conf} is missing; make the site again with `covey site init`")
     binary = mosquitto_binary()
-    for host, port, flag in (("", site.spec.port, "--port"), ("127.0.0.1", site.spec.loopback_port, "--loopback-port")):
-        if port is not None and not _port_free(host, port):
+    for host, port_, flag in (("", port, "--port"), ("127.0.0.1", loopback, "--loopback-port")):
+        if port_ is not None and not _port_free(host, port_):
             raise ConfigError(
-                f"port {port} is in use (another mosquitto? `sudo systemctl stop mosquitto`), or make the site "
+                f"port {port_} is in use (another mosquitto? `sudo systemctl stop mosquitto`), or make the site "
                 f"with another {flag}"
             )
-    plain = f" and plain MQTT on 127.0.0.1:{site.spec.loopback_port}" if site.spec.loopback_port else ""
-    print(f"mosquitto for the covey site {site.spec.run!r}: TLS on port {site.spec.port}{plain}; Ctrl-C stops it")
+    plain = f" and plain MQTT on 127.0.0.1:{loopback}" if loopback else ""
+    print(f"mosquitto for {what}: TLS on port {port}{plain}; Ctrl-C stops it")
     print(f"  mosquitto -c {conf}   (with debug logging, filtered: ACL refusals counted per board)", flush=True)
     # a copy with debug logging: mosquitto shows the ACL's refusals only there
     # (server/site/broker_log.py); it is read again on SIGHUP, so it lives as long as mosquitto
@@ -203,6 +224,21 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_cmd_site_add_device)
 
     p = site_sub.add_parser(
+        "add-edge",
+        help="give the boards of one room their own broker, bridged to the site's (docs/site-guide.md)",
+        description="Makes DIR/edges/NAME/: a mosquitto for the edge's host (a certificate for every --host and --ip, "
+        "the listed boards' passwords and ACL, and a TLS bridge to the site's broker as the user edge.NAME, which "
+        "the site's ACL lets write and read only what those boards may). The boards' device.toml then names the edge.",
+    )
+    p.add_argument("dir", metavar="DIR", help="the site folder")
+    p.add_argument("name", metavar="NAME", help="the edge's name (a room, e.g. lab)")
+    p.add_argument("--host", action="append", metavar="NAME", help="a name the room's boards dial (repeatable)")
+    p.add_argument("--ip", action="append", metavar="ADDR", help="an address the room's boards dial (repeatable)")
+    p.add_argument("--devices", nargs="+", metavar="ID", help="the site's boards in that room")
+    p.add_argument("--port", type=int, default=8883, help="the edge's TLS port (default 8883)")
+    p.set_defaults(func=_cmd_site_add_edge)
+
+    p = site_sub.add_parser(
         "sample-data",
         help="for a trial: one LEAF writer's data per board, as train.npz and test.npz in its bundle",
         description="Gives each board of the site one writer of a LEAF folder (the shared FEMNIST sample unless "
@@ -217,4 +253,5 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     broker_sub = broker.add_subparsers(dest="broker_command", required=True, metavar="ACTION")
     p = broker_sub.add_parser("run", help="run the site's mosquitto in the foreground (without systemd)")
     p.add_argument("--site", required=True, metavar="DIR", help="a folder made by `covey site init`")
+    p.add_argument("--edge", metavar="NAME", help="run that edge's mosquitto (on its host), bridged to the site's")
     p.set_defaults(func=_cmd_broker_run)

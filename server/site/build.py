@@ -23,6 +23,7 @@ from typing import TypeVar
 
 from device.errors import ConfigError
 from server.site.certs import Issued, issue_client, issue_server, make_ca
+from server.site.edge import central_acl
 from server.site.layout import (
     CA_FILE,
     CERT_FILE,
@@ -277,14 +278,7 @@ def add_device(root: Path, device: str, *, client_cert: bool = False) -> Path:
     if device in spec.devices or layout.bundle(device).exists():
         raise ConfigError(f"{device!r} is already a device of the site in {root}; give a new id")
     owners = Owners.here()
-    try:
-        ca = Issued(layout.ca_cert.read_bytes(), layout.ca_key.read_bytes())
-        old_passwords = layout.passwords.read_text()
-    except OSError as exc:
-        raise ConfigError(
-            f"cannot read the site's CA or password file in {root} ({exc.strerror or exc}); run as the user who "
-            "made the site (with sudo if it was made as root)"
-        ) from None
+    ca, old_passwords = read_secrets(site)
     password = new_password()
     with_cert = client_cert or spec.client_certs
     cert = issue_client(ca, device) if with_cert else None
@@ -300,9 +294,21 @@ def add_device(root: Path, device: str, *, client_cert: bool = False) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         _replace(owners, layout.passwords, old_passwords + password_line(device, password), "broker", secret=True)
-        _replace(owners, layout.broker_dir / "acl", acl_text(spec.run, new.devices), "broker", secret=True)
+        _replace(owners, layout.broker_dir / "acl", central_acl(layout, spec.run, new.devices), "broker", secret=True)
         _replace(owners, layout.site_file, _site_toml(new), "site", secret=False)
     return layout.bundle(device)
+
+
+def read_secrets(site: Site) -> tuple[Issued, str]:
+    """The site's CA (certificate and key) and its broker password file."""
+    layout = site.layout
+    try:
+        return Issued(layout.ca_cert.read_bytes(), layout.ca_key.read_bytes()), layout.passwords.read_text()
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot read the site's CA or password file in {layout.root} ({exc.strerror or exc}); run as the user "
+            "who made the site (with sudo if it was made as root)"
+        ) from None
 
 
 def _replace(owners: Owners, path: Path, text: str, role: Role, *, secret: bool) -> None:

@@ -93,9 +93,11 @@ def password_line(user: str, password: str) -> str:
     return f"{user}:{hash_password(password)}\n"
 
 
-def acl_text(run: str, devices: Sequence[str]) -> str:
+def acl_text(run: str, devices: Sequence[str], edges: Sequence[Sequence[str]] = ()) -> str:
     """The site's ACL: the coordinator reads and writes ``covey/#``; each device only
-    what carries its own id, and what the server publishes for every device."""
+    what carries its own id, and what the server publishes for every device; each edge's
+    bridge (``edges``: its lines, :func:`server.site.edge.central_acl_lines`) what its
+    room's boards may."""
     lines = [
         f"# ACL of the covey site {run!r}, written by `covey site init` and `covey site add-device`.",
         "# Identity is bound by the broker: a device's user name is its id, and it may write",
@@ -110,6 +112,8 @@ def acl_text(run: str, devices: Sequence[str]) -> str:
     ]
     for device in devices:
         lines += ["", f"user {device}", *(line.format(run=run) for line in DEVICE_READS)]
+    for edge in edges:
+        lines += ["", "# An edge's bridge: what its room's boards may write and read.", *edge]
     return "\n".join(lines) + "\n"
 
 

@@ -159,6 +159,10 @@ GUIDE = {
     "covey server run --site DIR --strategy fedgsp --min-devices 4 --rounds 20 --eval-data EVAL --state-dir STATE": (
         "above and test_multihost.py (2 rounds, on the coordinator's own host)"
     ),
+    "covey site add-edge DIR lab --host EDGE_HOST --ip EDGE_ADDR --devices ID1 ID2": (
+        "test_edge.py (--host localhost --ip 127.0.0.1, with --port)"
+    ),
+    "covey broker run --site DIR --edge lab": "test_edge.py (the room's boards train through it)",
     # "A trial on one machine": test_trial.py reads these from the guide and runs them as they are
     "covey site init DIR --host localhost --ip 127.0.0.1 --devices trial-1 trial-2 trial-3": "test_trial.py",
     "covey site sample-data DIR": "test_trial.py",

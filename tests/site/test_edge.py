@@ -1,0 +1,210 @@
+"""An edge of a site (issue 28): one room's boards on their own mosquitto, bridged to the
+site's central broker over TLS (``covey site add-edge``, ``covey broker run --edge``).
+
+The boards keep their identity and password; only their ``device.toml`` names the edge.
+The bridge logs in to the central broker as ``edge.<name>``, which the central ACL lets
+write and read only what the room's boards may: an edge cannot speak for a board of
+another room.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from covey.cli import main
+from device.mqtt import MqttLink, TlsFiles
+from server.broker import free_port, run_mosquitto, wait_for_port
+from server.fleet import leaf_writers, start_fleet
+from server.site.edge import edge_conf, load_edges
+from tests.covey.test_cli_mistakes import assert_one_line_error, covey
+from tests.mqtt.conftest import femnist_root
+from tests.site.conftest import init
+from tests.site.test_identity import T, drain_until, until_delivered
+
+REPO = Path(__file__).resolve().parents[2]
+ROOM, OTHERS = ["lab-1", "lab-2"], ["hall-1"]
+
+
+def add_edge(site_dir: Path, port: int, *extra: str) -> int:
+    """``covey site add-edge`` as docs/site-guide.md ("More than one room") types it."""
+    argv = ["site", "add-edge", str(site_dir), "lab", "--host", "localhost", "--ip", "127.0.0.1"]
+    return main([*argv, "--port", str(port), "--devices", *ROOM, *extra])
+
+
+def test_add_edge_writes_the_edge_and_points_the_rooms_boards_at_it(site_parent: Path) -> None:
+    # Prepare
+    site = init(site_parent / "site", *ROOM, *OTHERS)
+    port = free_port()
+
+    # Execute
+    assert add_edge(site.layout.root, port) == 0
+
+    # Assert: the room's bundles name the edge, the others the central broker
+    for device in ROOM:
+        toml = tomllib.loads((site.layout.bundle(device) / "device.toml").read_text())
+        assert toml["broker"] == f"localhost:{port}" and toml["username"] == device
+    other = tomllib.loads((site.layout.bundle(OTHERS[0]) / "device.toml").read_text())
+    assert other["broker"] == site.spec.broker
+    [edge] = load_edges(site.layout)
+    assert (edge.name, edge.devices, edge.port) == ("lab", tuple(ROOM), port)
+    conf = edge_conf(site.layout, "lab").read_text()
+    assert f"address {site.spec.broker}" in conf and "remote_username edge.lab" in conf
+    assert "topic covey/siterun/from/lab-1/results out 1" in conf
+    assert "hall-1" not in conf  # nothing of another room crosses this bridge
+    acl = (site.layout.broker_dir / "acl").read_text()
+    assert "user edge.lab" in acl and "topic write covey/siterun/from/lab-2/frames" in acl
+    passwords = (site.layout.broker_dir / "passwords").read_text()
+    assert passwords.count("edge.lab:") == 1
+    # adding a device later keeps the bridge's rights in the central ACL
+    assert main(["site", "add-device", str(site.layout.root), "hall-2"]) == 0
+    assert "user edge.lab" in (site.layout.broker_dir / "acl").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "devices", "needles"),
+    [
+        ((), ["ghost"], ["'ghost' is not a device of the site", "covey site add-device"]),
+        (("--port", "0"), ROOM, ["--port must be a port from 1 to 65535"]),
+    ],
+)
+def test_add_edge_refuses_a_mistake_in_one_line(
+    site_parent: Path, extra: tuple[str, ...], devices: list[str], needles: list[str]
+) -> None:
+    site = init(site_parent / "site", *ROOM, *OTHERS)
+    before = (site.layout.broker_dir / "acl").read_text()
+    proc = covey("site", "add-edge", str(site.layout.root), "lab", "--ip", "127.0.0.1", *extra, "--devices", *devices)
+    assert_one_line_error(proc, *needles)
+    assert (site.layout.broker_dir / "acl").read_text() == before  # nothing changed
+    assert not (site.layout.root / "edges" / "lab").exists()
+
+
+def test_a_board_belongs_to_one_edge(site_parent: Path) -> None:
+    site = init(site_parent / "site", *ROOM, *OTHERS)
+    assert add_edge(site.layout.root, free_port()) == 0
+    argv = ["site", "add-edge", str(site.layout.root), "lab2", "--ip", "127.0.0.1", "--devices", "lab-1"]
+    proc = covey(*argv)
+    assert_one_line_error(proc, "'lab-1' already connects to the edge 'lab'")
+
+
+def broker_run(site: Path, log: Path, *edge: str) -> subprocess.Popen[bytes]:
+    """``covey broker run --site DIR [--edge NAME]``, as on the broker's and the edge's hosts."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "covey.cli", "broker", "run", "--site", str(site), *edge],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_room_behind_its_edge_trains_with_the_rest_of_the_site(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare: the site and its edge, as docs/site-guide.md ("More than one room") makes them
+    site = init(site_parent / "site", *ROOM, *OTHERS)
+    edge_port = free_port()
+    assert add_edge(site.layout.root, edge_port) == 0
+    devices = [*ROOM, *OTHERS]
+    root, state = femnist_root(), tmp_path / "state"
+    brokers = [broker_run(site.layout.root, tmp_path / "central.log")]
+    try:
+        wait_for_port("127.0.0.1", site.spec.port, 15, brokers[0])
+        brokers.append(broker_run(site.layout.root, tmp_path / "edge.log", "--edge", "lab"))
+        wait_for_port("127.0.0.1", edge_port, 15, brokers[1])
+
+        # Execute: every board with its bundle; the coordinator at the central broker
+        with start_fleet(
+            root,
+            leaf_writers(root, len(devices)),
+            run="",
+            host="",
+            port=0,
+            configs=[site.layout.bundle(d) / "device.toml" for d in devices],
+            device_ids=devices,
+            log_dir=tmp_path,
+        ):
+            code = main(
+                [
+                    *("server", "run", "--site", str(site.layout.root), "--strategy", "fedavg"),
+                    *("--set", "clients_per_round=3", "--min-devices", "3", "--rounds", "2"),
+                    *("--state-dir", str(state), "--register-timeout", "120", "--deadline", "60"),
+                ]
+            )
+    finally:
+        for proc in reversed(brokers):  # SIGTERM, as systemd sends it
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    # Assert: both rounds with all three boards, the room's through its edge; both brokers stopped cleanly
+    assert code == 0, (tmp_path / "edge.log").read_text()[-2000:]
+    rounds = json.loads((state / "results.json").read_text())["rounds"]
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["trained"] == 3 and r["skipped"] == 0 for r in rounds), rounds
+    for device in ROOM:
+        log = (tmp_path / f"{device}.log").read_text()
+        assert f"connected to the broker at localhost:{edge_port} over TLS as {device}" in log, log[-1500:]
+    hall = (tmp_path / f"{OTHERS[0]}.log").read_text()
+    assert f"connected to the broker at localhost:{site.spec.port} over TLS" in hall
+    assert [proc.returncode for proc in brokers] == [0, 0], (tmp_path / "edge.log").read_text()[-2000:]
+    assert "the edge 'lab' of the covey site 'siterun', bridged to localhost:" in (tmp_path / "edge.log").read_text()
+
+
+@pytest.mark.broker
+def test_an_edge_cannot_speak_for_a_board_of_another_room(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare: the central broker; the coordinator, who may read everything, observes
+    site = init(site_parent / "site", *ROOM, *OTHERS)
+    assert add_edge(site.layout.root, free_port()) == 0
+    conf = edge_conf(site.layout, "lab").read_text()
+    bridge_password = next(line.split(" ", 1)[1] for line in conf.splitlines() if line.startswith("remote_password"))
+    central = run_mosquitto(site.layout.broker_conf, "127.0.0.1", site.spec.port, log=tmp_path / "central.log")
+    tls = TlsFiles(str(site.layout.ca_cert), None, None)
+    password = (site.layout.coordinator_dir / "password").read_text().strip()
+    observer = MqttLink("t-coord", "127.0.0.1", site.spec.port, username="coordinator", password=password, tls=tls)
+    as_edge = MqttLink("t-edge", "127.0.0.1", site.spec.port, username="edge.lab", password=bridge_password, tls=tls)
+    try:
+        observer.connect(10)
+        observer.subscribe("covey/#")
+        as_edge.connect(10)
+        until_delivered(as_edge, observer, T.results("lab-1"))
+
+        # Execute: the edge's user writes for a board of another room and to the server's topics,
+        # then for its own room's board
+        as_edge.publish(T.register("hall-1"), b"spoofed", wait=5)
+        as_edge.publish(T.inbox("lab-1"), b"as the server", wait=5)
+        as_edge.publish(T.results("lab-2"), b"marker", wait=5)
+        got = drain_until(observer, lambda m: m.payload == b"marker")
+    finally:
+        observer.close()
+        as_edge.close()
+        central.stop()
+
+    # Assert: only its own room's board's message got through (one publisher's arrive in order)
+    assert [(m.topic, m.payload) for m in got] == [(T.results("lab-2"), b"marker")]
+
+
+def test_broker_run_names_an_unknown_edge(site_parent: Path) -> None:
+    site = init(site_parent / "site", *ROOM)
+    proc = covey("broker", "run", "--site", str(site.layout.root), "--edge", "nope")
+    assert_one_line_error(proc, "the site has no edge 'nope'", "covey site add-edge")
+
+
+def test_the_edge_config_is_one_mosquitto_accepts(site_parent: Path, tmp_path: Path) -> None:
+    # mosquitto's own check of the file: it starts, listens and stops (the bridge retries its link)
+    site = init(site_parent / "site", *ROOM)
+    port = free_port()
+    assert add_edge(site.layout.root, port) == 0
+    handle = run_mosquitto(edge_conf(site.layout, "lab"), "127.0.0.1", port, log=tmp_path / "edge.log")
+    handle.stop()
+    assert "Error" not in (tmp_path / "edge.log").read_text()
