@@ -255,18 +255,8 @@ class RoundDriver:
     def _defend(self, plan: RoundPlan, results: list[GroupResult], extra: dict[str, float]) -> list[GroupResult]:
         """Claims bounded, updates screened and clipped (:mod:`server.defense`); what was
         done goes to the record (``extra``, and refusals by reason and device)."""
-        modes = {g.group_id: g.mode for g in plan.groups}
-        for r in results:  # chain hand-offs refused on the way (server/hops.py), and failed training
-            for device in r.refused:
-                if modes.get(r.group_id) == "chain":
-                    log.warning(
-                        "round %d: refused the hand-off of %s; its chain went on from its input", self.rnd, device
-                    )
-                else:
-                    log.warning(
-                        "round %d: refused the output of %s (not finite, or its training failed)", self.rnd, device
-                    )
-                self.refusals.refuse(HOP_REASON, device)
+        for device in _refused_on_the_way(self.rnd, plan, results):
+            self.refusals.refuse(HOP_REASON, device)
         results, empty = without_empty_members(results)  # always: a zero weight breaks every average
         self.note_rejections(empty)
         clients = self.backend.clients()
@@ -356,20 +346,42 @@ class RoundDriver:
 
     def federated_evaluation(self) -> tuple[float, float]:
         """Weighted test accuracy and loss, every client with the model it would use now."""
-        self.strategy.prepare_evaluation(self.context)
-        by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
-        for c in sorted(info.client_id for info in self.backend.clients()):
-            m = self.strategy.model_for(c)
-            by_model.setdefault(id(m), (m, []))[1].append(c)
-        jobs = [EvalJob((m,), tuple(cs), "test") for m, cs in by_model.values()]
-        correct = loss = n = 0.0
-        for rows in self.backend.evaluate(jobs, rnd=self.rnd):
-            for client_rows in rows.values():
-                for row in client_rows:
-                    correct += row.correct
-                    loss += row.loss * row.n
-                    n += row.n
-        return (correct / n, loss / n) if n else (float("nan"), float("nan"))
+        return federated_evaluation(self.strategy, self.context, self.backend, self.rnd)
+
+
+def federated_evaluation(strategy: Strategy, context: RoundContext, backend: Backend, rnd: int) -> tuple[float, float]:
+    """The papers' federated accuracy: every client scores the model ``strategy`` would
+    give it now on its own test set; the accuracy and loss weighted by test samples.
+    Clients sharing a model are one job (``backend.evaluate`` sends that model once)."""
+    strategy.prepare_evaluation(context)
+    by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
+    for c in sorted(info.client_id for info in backend.clients()):
+        m = strategy.model_for(c)
+        by_model.setdefault(id(m), (m, []))[1].append(c)
+    jobs = [EvalJob((m,), tuple(cs), "test") for m, cs in by_model.values()]
+    correct = loss = n = 0.0
+    for rows in backend.evaluate(jobs, rnd=rnd):
+        for client_rows in rows.values():
+            for row in client_rows:
+                correct += row.correct
+                loss += row.loss * row.n
+                n += row.n
+    return (correct / n, loss / n) if n else (float("nan"), float("nan"))
+
+
+def _refused_on_the_way(rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> list[str]:
+    """Devices whose output a manager refused (chain hand-offs, server/hops.py, and
+    failed training), each logged."""
+    modes = {g.group_id: g.mode for g in plan.groups}
+    refused = []
+    for r in results:
+        for device in r.refused:
+            if modes.get(r.group_id) == "chain":
+                log.warning("round %d: refused the hand-off of %s; its chain went on from its input", rnd, device)
+            else:
+                log.warning("round %d: refused the output of %s (not finite, or its training failed)", rnd, device)
+            refused.append(device)
+    return refused
 
 
 def _nothing_returned(plan: RoundPlan, results: Sequence[GroupResult]) -> bool:
