@@ -191,11 +191,19 @@ def _learning(args: argparse.Namespace) -> RunConfig:
     FEMNIST MLP). A simulation-only setting in the preset or file (the data set, workers,
     a topology) is left out, and the run says which: each board trains on its own data."""
     from server.settings import Source
+    from server.simulation.config import DEFAULT_MODEL as DATASET_MODEL
     from server.simulation.config import SimulationConfig
 
     base = SimulationConfig(strategy=DEFAULT_STRATEGY, dataset="femnist", model=DEFAULT_MODEL)
     cfg = from_preset_and_file(args, base, args.strategy)
     cfg = cfg.with_overrides(Source.FLAG, FLAG_DETAIL, strategy=args.strategy, **learning_overrides(args))
+    if "dataset" in cfg.origins and "model" not in cfg.origins:
+        # a file or preset that names a data set and no model simulates that data set's
+        # model (cnn_femnist for femnist): the boards train the same one
+        source, detail = cfg.origins["dataset"]
+        cfg = cfg.with_overrides(source, detail, model=DATASET_MODEL[cfg.dataset])
+    if args.model_path:
+        cfg = cfg.with_overrides(Source.FLAG, args.model_path, model=Path(args.model_path).stem)
     left_out = cfg.only_simulated()
     if left_out:
         print(f"left out (simulation only; each board trains on its own data): {', '.join(left_out)}", flush=True)

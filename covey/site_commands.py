@@ -120,6 +120,7 @@ def _cmd_broker_run(args: argparse.Namespace) -> int:
     site = load_site(Path(args.site))
     conf, port, loopback = site.layout.broker_conf, site.spec.port, site.spec.loopback_port
     what = f"the covey site {site.spec.run!r}"
+    remedy = "make the site again with `covey site init`"
     if args.edge is not None:
         from server.site.edge import edge_conf
         from server.site.edge_files import load_edge
@@ -127,14 +128,15 @@ def _cmd_broker_run(args: argparse.Namespace) -> int:
         edge = load_edge(site, args.edge)
         conf, port, loopback = edge_conf(site.layout, edge.name), edge.port, None
         what = f"the edge {edge.name!r} of {what}, bridged to {site.spec.broker}"
+        remedy = f"copy the site's edges/{edge.name}/ here from where `covey site add-edge` made it"
     if not conf.is_file():
-        raise ConfigError(f"{conf} is missing; make the site again with `covey site init`")
+        raise ConfigError(f"{conf} is missing; {remedy}")
     binary = mosquitto_binary()
     for host, port_, flag in (("", port, "--port"), ("127.0.0.1", loopback, "--loopback-port")):
         if port_ is not None and not _port_free(host, port_):
             raise ConfigError(
-                f"port {port_} is in use (another mosquitto? `sudo systemctl stop mosquitto`), or make the site "
-                f"with another {flag}"
+                f"port {port_} is in use (another mosquitto? `sudo systemctl stop mosquitto`), or "
+                + (f"make the site with another {flag}" if args.edge is None else "add the edge with another --port")
             )
     plain = f" and plain MQTT on 127.0.0.1:{loopback}" if loopback else ""
     print(f"mosquitto for {what}: TLS on port {port}{plain}; Ctrl-C stops it")

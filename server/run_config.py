@@ -114,7 +114,7 @@ class RunConfig:
         try:
             self.screening_config()
         except CoveyError as exc:
-            raise ConfigError(str(exc)) from None
+            raise ConfigError(f"{exc} (screening: norm_factor, aggregation, trim)") from None
 
     def screening_config(self) -> ScreeningConfig:
         """What the round driver screens and how it averages (:mod:`server.screening`)."""
@@ -167,6 +167,9 @@ class RunConfig:
         return {key: self.setting(key, getattr(self, key)) for key in (*keys, "federated_eval_every")}
 
 
+_RANK = {source: rank for rank, source in enumerate(Source)}  # later sources win (server/settings.py)
+
+
 @dataclass(frozen=True)
 class ResolvedRun:
     """A run's strategy with every setting resolved: its training (paper values unless
@@ -189,7 +192,11 @@ def resolve_run(cfg: RunConfig) -> ResolvedRun:
     train, train_settings = resolve_training(cfg.strategy, cfg.given("train"))
     given = cfg.given("strategy")
     if cfg.clients_per_round is not None and "clients_per_round" in strategy_parameters(cfg.strategy):
-        given.setdefault("clients_per_round", cfg.setting("clients_per_round", cfg.clients_per_round))
+        # set twice (a file's [strategy] table and --clients-per-round): the later source wins
+        top = cfg.setting("clients_per_round", cfg.clients_per_round)
+        inner = given.get("clients_per_round")
+        if inner is None or _RANK[top.source] >= _RANK[inner.source]:
+            given["clients_per_round"] = top
     params, param_settings = resolve_strategy_params(cfg.strategy, given)
     strategy = make_strategy(cfg.strategy, train=train, **params)
     return ResolvedRun(train, params, {**train_settings, **param_settings}, strategy)

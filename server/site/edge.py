@@ -34,13 +34,13 @@ from pathlib import Path
 from device.errors import ConfigError
 from server.site.layout import SiteLayout
 from server.site.mosquitto import DEVICE_READS, acl_text
+from server.site.spec import EDGE_USER_PREFIX
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-EDGE_USER_PREFIX = "edge."  # the bridge's user at the central broker: edge.<name>
 DEVICE_WRITE_KINDS = ("register", "results", "frames", "status")
 BRIDGE_QOS = 1  # covey publishes everything at QoS 1
 
@@ -103,8 +103,12 @@ def central_acl_lines(run: str, edge: EdgeSpec) -> list[str]:
     return lines
 
 
-def bridge_text(run: str, edge: EdgeSpec, *, central: str, password: str, cafile: str) -> str:
-    """The bridge section of the edge's mosquitto.conf (see the module docstring)."""
+def bridge_text(
+    run: str, edge: EdgeSpec, *, central: str, password: str, cafile: str, client_cert: tuple[str, str] | None = None
+) -> str:
+    """The bridge section of the edge's mosquitto.conf (see the module docstring);
+    ``client_cert``: the bridge's certificate and key, for a site whose broker asks
+    every client for one (``--client-certs``)."""
     q = BRIDGE_QOS
     lines = [
         "",
@@ -117,6 +121,7 @@ def bridge_text(run: str, edge: EdgeSpec, *, central: str, password: str, cafile
         f"remote_clientid {edge.user}",
         f"local_clientid {edge.user}.local",
         f"bridge_cafile {cafile}",
+        *([f"bridge_certfile {client_cert[0]}", f"bridge_keyfile {client_cert[1]}"] if client_cert else []),
         "bridge_insecure false",
         "bridge_protocol_version mqttv311",
         "try_private true",
@@ -186,5 +191,7 @@ def load_edges(layout: SiteLayout) -> list[EdgeSpec]:
                 )
             )
         except (OSError, KeyError, TypeError, ValueError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read {path} ({exc}); add the edge again with `covey site add-edge`") from None
+            raise ConfigError(
+                f"cannot read {path} ({exc}); was it edited? Make the site again to change an edge"
+            ) from None
     return out

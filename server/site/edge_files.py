@@ -25,12 +25,12 @@ from pathlib import Path
 
 from device.errors import ConfigError
 from server.site.build import AGAIN, Site, _device_toml, _replace, _writing, load_site, read_secrets
-from server.site.certs import issue_server
+from server.site.certs import issue_client, issue_server
 from server.site.edge import (
     EDGE_TOML,
     EdgeSpec,
     bridge_text,
-    central_acl,
+    central_acl_lines,
     check_edge,
     edge_dir,
     edge_passwords,
@@ -84,8 +84,27 @@ def add_edge(root: Path, edge: EdgeSpec) -> Path:
         client_certs=spec.client_certs,
         memory_mb=spec.broker_memory_mb,
     )
-    conf += bridge_text(spec.run, edge, central=spec.broker, password=bridge_password, cafile=str(files.ca_cert))
+    bridge_cert = issue_client(ca, edge.user) if spec.client_certs else None  # the central broker asks for one
+    cert_files = (str(broker / "bridge.crt"), str(broker / "bridge.key")) if bridge_cert else None
+    conf += bridge_text(
+        spec.run, edge, central=spec.broker, password=bridge_password, cafile=str(files.ca_cert), client_cert=cert_files
+    )
     passwords = edge_passwords(central_passwords, edge, password_line(COORDINATOR, own_password))
+    # every text of the central side too, before anything is written: a mistake (a board
+    # without its bundle, another edge's unreadable edge.toml) leaves the site as it was
+    central = {
+        layout.passwords: central_passwords + password_line(edge.user, bridge_password),
+        layout.broker_dir / "acl": acl_text(
+            spec.run, spec.devices, [central_acl_lines(spec.run, e) for e in [*load_edges(layout), edge]]
+        ),
+    }
+    moved = _replace_broker(spec, edge)
+    bundles = {}
+    for device in edge.devices:
+        folder = layout.bundle(device)
+        if not (folder / DEVICE_TOML).is_file():
+            raise ConfigError(f"{folder / DEVICE_TOML} is missing; {AGAIN}")
+        bundles[folder / DEVICE_TOML] = _device_toml(moved, device, (folder / CERT_FILE).exists())
     owners = Owners.here()
     with _writing(root):
         edges_dir(layout).mkdir(exist_ok=True)
@@ -100,6 +119,9 @@ def add_edge(root: Path, edge: EdgeSpec) -> Path:
             owners.write(b / "ca.crt", ca.cert_pem, "broker", secret=False)
             owners.write(b / "broker.crt", server.cert_pem, "broker", secret=False)
             owners.write(b / "broker.key", server.key_pem, "broker", secret=True)
+            if bridge_cert is not None:
+                owners.write(b / "bridge.crt", bridge_cert.cert_pem, "broker", secret=False)
+                owners.write(b / "bridge.key", bridge_cert.key_pem, "broker", secret=True)
             owners.write(b / "passwords", passwords, "broker", secret=True)
             owners.write(b / "acl", acl_text(spec.run, edge.devices), "broker", secret=True)
             owners.write(b / "mosquitto.conf", conf, "broker", secret=True)  # it holds the bridge's password
@@ -113,24 +135,10 @@ def add_edge(root: Path, edge: EdgeSpec) -> Path:
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-        _replace(
-            owners,
-            layout.passwords,
-            central_passwords + password_line(edge.user, bridge_password),
-            "broker",
-            secret=True,
-        )
-        _replace(owners, layout.broker_dir / "acl", central_acl(layout, spec.run, spec.devices), "broker", secret=True)
-        moved = _replace_broker(spec, edge)
-        for device in edge.devices:
-            has_cert = (layout.bundle(device) / CERT_FILE).exists()
-            _replace(
-                owners,
-                layout.bundle(device) / DEVICE_TOML,
-                _device_toml(moved, device, has_cert),
-                "admin",
-                secret=False,
-            )
+        for path, text in central.items():
+            _replace(owners, path, text, "broker", secret=True)
+        for path, text in bundles.items():
+            _replace(owners, path, text, "admin", secret=False)
     return final
 
 
@@ -141,7 +149,7 @@ def _replace_broker(spec: SiteSpec, edge: EdgeSpec) -> SiteSpec:
 
 def _edge_toml(run: str, edge: EdgeSpec) -> str:
     return toml_text(
-        [f"An edge of the covey site {run!r}, written by `covey site add-edge`; add it again to change it."],
+        [f"An edge of the covey site {run!r}, written by `covey site add-edge`; make the site again to change it."],
         {
             "name": edge.name,
             "hosts": list(edge.hosts),

@@ -23,6 +23,7 @@ from server.site.mosquitto import COORDINATOR, DEFAULT_MEMORY_MB
 
 SITE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 RESERVED_IDS = (COORDINATOR, SERVER_ID)
+EDGE_USER_PREFIX = "edge."  # the bridge user of an edge at the central broker: edge.<name>
 DNS_LABEL = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)")
 DEFAULT_PORT = 8883
 
@@ -60,6 +61,10 @@ def check_device_id(value: str, flag: str = "--devices") -> str:
         )
     if value in RESERVED_IDS:
         raise ConfigError(f"{flag}: {value!r} is reserved for the server; give the device another id")
+    if value.startswith(EDGE_USER_PREFIX):
+        # the central broker's user of an edge's bridge (server/site/edge.py): a board by
+        # that name would share its password line and ACL, and speak for the edge's room
+        raise ConfigError(f"{flag}: ids starting with {EDGE_USER_PREFIX!r} are reserved for edges; give another id")
     return value
 
 

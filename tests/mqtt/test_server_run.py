@@ -107,7 +107,7 @@ def test_a_simulation_config_file_runs_on_boards_with_its_sources_recorded(broke
     run, root, state = "cli-config", femnist_root(), tmp_path / "state"
     config = tmp_path / "run.toml"
     config.write_text(
-        '[simulation]\nrounds = 1\nseed = 4\n\n[dataset]\nname = "femnist"\n\n'
+        '[simulation]\nrounds = 1\nseed = 4\nmodel = "mlp_femnist"\n\n[dataset]\nname = "femnist"\n\n'
         '[train]\nbatch = 7\nepochs = 1\n\n[strategy]\nname = "fedavg"\nclients_per_round = 4\n'
     )
     observer = observe(run)

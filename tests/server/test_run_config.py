@@ -14,7 +14,7 @@ from covey.cli import build_parser
 from covey.server_commands import _learning
 from covey.simulation_commands import _simulation_config
 from server.coordinator.config import CoordinatorConfig
-from server.run_config import RunConfig
+from server.run_config import RunConfig, resolve_run
 from server.serve import ServeOptions, prepare_serve
 from server.settings import Source
 
@@ -59,14 +59,15 @@ def test_a_simulation_config_file_gives_server_run_the_same_learning_settings(
 
     # Assert: one model, the same values and the same sources
     assert isinstance(on_boards, RunConfig) and type(on_boards) is RunConfig
-    # (the model: each command's default, as the file names none: the data set's, or the MLP)
-    assert replace(on_boards, model=None) == simulated.learning() and on_boards.model == "mlp_femnist"
+    # the model: the file names a data set and no model, so both train that data set's
+    assert replace(on_boards, model=None) == simulated.learning() and on_boards.model == simulated.model_name
+    assert on_boards.origins["model"] == (Source.CONFIG, str(config))
     assert (on_boards.strategy, on_boards.rounds, on_boards.seed, on_boards.codec) == ("fedavg", 2, 5, "int8")
     assert (on_boards.batch, on_boards.aggregation) == (7, "median")
     assert on_boards.strategy_params == {"clients_per_round": 4}
     assert on_boards.origins["rounds"] == (Source.FLAG, "command line")
     assert on_boards.origins["seed"] == (Source.CONFIG, str(config))
-    assert on_boards.origins == simulated.learning().origins
+    assert {k: v for k, v in on_boards.origins.items() if k != "model"} == simulated.learning().origins
     # the data set and the workers are the simulator's: the server names them and goes on
     out = capsys.readouterr().out
     assert "left out (simulation only; each board trains on its own data): dataset, dataset.users, workers" in out
@@ -119,3 +120,22 @@ def test_the_recorded_settings_say_who_set_each_and_the_coordinator_takes_them(t
     c = prepared.options.coordinator
     assert (c.codec, c.federated_eval_every, c.seed) == ("int4", 5, 9)
     assert c.screening is not None and c.screening.norm_factor is None  # screening off reaches the round driver
+
+
+def test_a_flag_beats_the_files_clients_per_round_in_both_commands(tmp_path: Path) -> None:
+    config = tmp_path / "run.toml"
+    config.write_text(CONFIG)  # [strategy] clients_per_round = 4
+    flags = ["--config", str(config), "--clients-per-round", "8"]
+    for learning in (
+        _learning(server_args(*flags)),
+        _simulation_config(build_parser().parse_args(["simulate", *flags])),
+    ):
+        resolved = resolve_run(learning)
+        assert resolved.params["clients_per_round"] == 8
+        assert resolved.settings["strategy.clients_per_round"].source is Source.FLAG
+
+
+def test_a_model_path_is_recorded_as_the_flag_that_gave_it(tmp_path: Path) -> None:
+    model = tmp_path / "mine.tflite"
+    learning = _learning(server_args("--preset", "fedgsp-femnist", "--model-path", str(model)))
+    assert learning.model == "mine" and learning.origins["model"] == (Source.FLAG, str(model))

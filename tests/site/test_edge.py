@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -201,10 +202,61 @@ def test_broker_run_names_an_unknown_edge(site_parent: Path) -> None:
 
 
 def test_the_edge_config_is_one_mosquitto_accepts(site_parent: Path, tmp_path: Path) -> None:
-    # mosquitto's own check of the file: it starts, listens and stops (the bridge retries its link)
+    # mosquitto's own check of the file: it starts (run_mosquitto waits for its listener; a
+    # config error stops it first), reads the bridge and tries it (no central broker runs
+    # here, so the bridge retries), and stops
     site = init(site_parent / "site", *ROOM)
     port = free_port()
     assert add_edge(site.layout.root, port) == 0
     handle = run_mosquitto(edge_conf(site.layout, "lab"), "127.0.0.1", port, log=tmp_path / "edge.log")
-    handle.stop()
-    assert "Error" not in (tmp_path / "edge.log").read_text()
+    log = tmp_path / "edge.log"
+    try:
+        deadline = time.monotonic() + 15
+        while "Connecting bridge (step 1) central" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        handle.stop()
+    assert f"Connecting bridge (step 1) central ({site.spec.broker})" in log.read_text()
+
+
+def test_a_board_cannot_take_an_edges_name(site_parent: Path) -> None:
+    # a board named edge.lab would share the bridge's password line and ACL, and speak for the room
+    site = init(site_parent / "site", *ROOM, *OTHERS)
+    assert add_edge(site.layout.root, free_port()) == 0
+    before = (site.layout.broker_dir / "passwords").read_text()
+    proc = covey("site", "add-device", str(site.layout.root), "edge.lab")
+    assert_one_line_error(proc, "ids starting with 'edge.' are reserved for edges")
+    assert (site.layout.broker_dir / "passwords").read_text() == before
+
+
+@pytest.mark.broker
+def test_on_a_site_that_asks_for_client_certificates_the_bridge_has_one(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare: a site whose brokers ask every client for a certificate, and its edge
+    site = init(site_parent / "site", *ROOM, *OTHERS, extra=("--client-certs",))
+    edge_port = free_port()
+    assert add_edge(site.layout.root, edge_port) == 0
+    central = run_mosquitto(site.layout.broker_conf, "127.0.0.1", site.spec.port, log=tmp_path / "central.log")
+    edge = run_mosquitto(edge_conf(site.layout, "lab"), "127.0.0.1", edge_port, log=tmp_path / "edge.log")
+
+    def client(user: str, folder: Path, port: int) -> MqttLink:
+        tls = TlsFiles(str(site.layout.ca_cert), str(folder / "client.crt"), str(folder / "client.key"))
+        password = (folder / "password").read_text().strip()
+        return MqttLink(f"t-{user}", "127.0.0.1", port, username=user, password=password, tls=tls)
+
+    observer = client("coordinator", site.layout.coordinator_dir, site.spec.port)
+    board = client("lab-1", site.layout.bundle("lab-1"), edge_port)
+    try:
+        observer.connect(10)
+        observer.subscribe("covey/#")
+        board.connect(10)
+
+        # Execute: the room's board writes at its edge
+        until_delivered(board, observer, T.results("lab-1"), timeout=30)  # through the bridge, once it is up
+    finally:
+        board.close()
+        observer.close()
+        edge.stop()
+        central.stop()
+
+    # Assert: the bridge logged in with its certificate (until_delivered raises otherwise)
+    assert "peer did not return a certificate" not in (tmp_path / "central.log").read_text()

@@ -148,11 +148,14 @@ def test_the_traffic_meter_puts_each_round_s_bytes_on_the_links_that_carried_the
             meter.poll()
         traffic = meter.stop()
 
-    # Assert: the payload and its TCP/IP framing (under 10 %), on the right link and round
+    # Assert: the payload and its TCP/IP framing, on the right link and round. Framing is
+    # about 5 %; under the whole suite (2026-11-27) a round read 11.2 %, as a starved
+    # receiver drops and TCP sends again, so the bound is 25 % (the other round's bytes
+    # would be 100 % or more)
     assert len(traffic.devices) == len(traffic.coordinator) == len(traffic.broker) == 2
     for rnd, n in enumerate((1_000_000, 2_000_000)):
-        assert n <= traffic.devices[rnd].up < 1.1 * n, traffic
-        assert n <= traffic.broker[rnd].down < 1.1 * n, traffic
+        assert n <= traffic.devices[rnd].up < 1.25 * n, traffic
+        assert n <= traffic.broker[rnd].down < 1.25 * n, traffic
         assert traffic.devices[rnd].down < 0.1 * n  # acknowledgements
         assert traffic.coordinator[rnd].down + traffic.coordinator[rnd].up < 10_000  # address lookups only
     as_dict = traffic.as_dict()
