@@ -2,8 +2,8 @@
 
 Without TCP_NODELAY a probe, a request or an acknowledgement waited for the previous
 segment's ACK, which the peer's delayed ACK holds back up to 40 ms: the first field test
-measured 98 ms between two boards whose links add up to 8 ms (docs/results.md, "What
-Nagle cost the measurements")."""
+measured 98 ms between two boards whose links add up to 8 ms (docs/results.md, "Measured
+links")."""
 
 from __future__ import annotations
 
