@@ -220,6 +220,9 @@ class SharedPool:
         gc.freeze()
         try:
             self.executor.submit(_started).result()  # with the fork context, every worker starts at once
+        except BaseException:
+            self.executor.shutdown(wait=False, cancel_futures=True)  # a runner that cannot start: no pool
+            raise
         finally:
             gc.unfreeze()
 

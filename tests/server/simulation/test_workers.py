@@ -302,3 +302,15 @@ def test_the_parents_garbage_is_never_finalized_in_a_forked_worker(tmp_path: Pat
     # Assert: the cycle was finalized once, in the parent
     assert out == [1, 2]
     assert record.read_text().split() == [str(os.getpid())]
+
+
+class _CannotStart:
+    def __init__(self) -> None:
+        raise RuntimeError("no model here")
+
+
+def test_a_pool_whose_runner_cannot_start_says_so_when_it_is_made() -> None:
+    from concurrent.futures.process import BrokenProcessPool
+
+    with pytest.raises(BrokenProcessPool):
+        SharedPool(2, _CannotStart, slot_bytes=1024)
