@@ -2,10 +2,11 @@
 edge"): the central broker, the edge, the coordinator and two boards each on their own
 host in network namespaces, made by ``covey site init`` and ``covey site add-edge`` and
 run by ``covey broker run`` (``--edge``) as docs/site-guide.md tells it. Mid-run, the
-edge's host loses its route to the central broker for 20 s (a blackhole route in the
-edge's namespace); the round in flight waits, the bridge's TCP connection survives (its
-keep-alive is 30 s), and what was held on either side crosses once the route is back:
-every round finishes with both boards, none skipped.
+edge's host loses its route to the central broker for a minute (a blackhole route in
+the edge's namespace): the central broker drops the silent bridge after its keep-alive
+(1.5 x 30 s), the bridge reconnects with its session kept once the route is back, and
+what was held on either side crosses. The round in flight waits (its deadline is 180 s)
+and every round finishes with both boards, none skipped.
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ pytestmark = [
 ]
 BOARDS = ["lab-1", "lab-2"]
 COVEY = [sys.executable, "-m", "covey.cli"]
-CUT_S = 20.0
+CUT_S = 60.0
 
 
-def test_a_room_keeps_training_through_a_20_second_uplink_cut(site_parent: Path, tmp_path: Path) -> None:
+def test_a_room_keeps_training_through_a_minute_long_uplink_cut(site_parent: Path, tmp_path: Path) -> None:
     # Prepare: each board's data, as the .npz files a board holds
     root = femnist_root()
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
@@ -71,7 +72,7 @@ def test_a_room_keeps_training_through_a_20_second_uplink_cut(site_parent: Path,
                 log=tmp_path / f"{board}.log",
             )
         run = [*COVEY, "server", "run", "--site", str(site), "--strategy", "fedavg", "--set", "clients_per_round=2"]
-        run += ["--min-devices", "2", "--rounds", "4", "--epochs", "5", "--deadline", "120"]
+        run += ["--min-devices", "2", "--rounds", "4", "--epochs", "5", "--deadline", "180"]
         run += ["--federated-eval-every", "0", "--state-dir", str(state), "--register-timeout", "120"]
         server = lab.start(coordinator, run, log=tmp_path / "server.log", env=env)
 
