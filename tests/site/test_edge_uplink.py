@@ -18,20 +18,15 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from device.data import read_leaf
-from server.field.netns import Lab, available
+from server.field.netns import Lab
 from server.fleet import leaf_writers
+from tests.lab_marks import LAB_MARKS
 from tests.mqtt.conftest import femnist_root
 
 REPO = Path(__file__).resolve().parents[2]
-OK, WHY = available()
-pytestmark = [
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.skipif(not OK, reason=f"this machine cannot create network namespaces: {WHY}"),
-]
+pytestmark = LAB_MARKS
 BOARDS = ["lab-1", "lab-2"]
 COVEY = [sys.executable, "-m", "covey.cli"]
 CUT_S = 60.0

@@ -20,15 +20,11 @@ import numpy as np
 import pytest
 
 from covey.cli import main
-from server.field.netns import available, leftovers
+from server.field.netns import leftovers
+from tests.lab_marks import LAB_MARKS
 
 REPO = Path(__file__).resolve().parents[2]
-OK, WHY = available()
-pytestmark = [
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.skipif(not OK, reason=f"this machine cannot create network namespaces: {WHY}"),
-]
+pytestmark = LAB_MARKS
 
 
 def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,21 +16,16 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from device.data import read_leaf
-from server.field.netns import Lab, available
+from server.field.netns import Lab
 from server.fleet import leaf_writers
+from tests.lab_marks import LAB_MARKS
 from tests.mqtt.conftest import femnist_root
 from tests.site.test_site_run import covey_device
 
 REPO = Path(__file__).resolve().parents[2]
-OK, WHY = available()
-pytestmark = [
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.skipif(not OK, reason=f"this machine cannot create network namespaces: {WHY}"),
-]
+pytestmark = LAB_MARKS
 BOARDS = ["pi-1", "pi-2", "pi-3", "pi-4"]
 COVEY = [sys.executable, "-m", "covey.cli"]
 

@@ -22,17 +22,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-from server.field.netns import available, leftovers
+from server.field.netns import leftovers
+from tests.lab_marks import LAB_MARKS
 
 REPO = Path(__file__).resolve().parents[3]
-OK, WHY = available()
-pytestmark = [
-    pytest.mark.broker,
-    pytest.mark.slow,
-    pytest.mark.skipif(not OK, reason=f"this machine cannot create network namespaces: {WHY}"),
-]
+pytestmark = LAB_MARKS
 SITE_MBPS = {"a": 128.0, "b": 32.0, "c": 8.0}  # examples/topologies/lab.toml
 
 
