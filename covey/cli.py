@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from covey import field_commands, server_commands, simulation_commands, site_commands
+from covey import edge_commands, field_commands, server_commands, simulation_commands, site_commands
 from covey.logs import setup_logging
 from covey.simulation_commands import parse_seeds
 from device.errors import CoveyError
@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     server_commands.add_parsers(sub)
     site_commands.add_parsers(sub)
+    edge_commands.add_parsers(sub)
     field_commands.add_parsers(sub)
 
     device = sub.add_parser("device", help="the device agent (same as covey-device)")

@@ -32,6 +32,7 @@ class Connection:
     run: str
     advertise_host: str | None
     allowed_devices: frozenset[str] | None  # the site's provisioned ids, or --allow-devices
+    edges: dict[str, tuple[str, ...]]  # the site's edges and the devices behind each (server/edge/)
 
 
 def read_device_list(path: str) -> frozenset[str]:
@@ -82,7 +83,7 @@ def _connection(args: argparse.Namespace) -> Connection:
                 "takes anonymous clients (for a site with passwords and TLS see `covey site init`)"
             )
         allowed: frozenset[str] | None = read_device_list(args.allow_devices) if args.allow_devices else None
-        return Connection(None, args.port or 0, None, None, None, args.run or "site", None, allowed)
+        return Connection(None, args.port or 0, None, None, None, args.run or "site", None, allowed, {})
     if args.listen is not None:
         raise CoveyError("--listen is for the mosquitto this command starts; with --broker or --site it already runs")
     host, port = parse_broker(args.broker) if args.broker else parse_broker(site.spec.broker)  # type: ignore[union-attr]
@@ -112,7 +113,12 @@ def _connection(args: argparse.Namespace) -> Connection:
     else:  # a site admits the devices it provisioned; restart with --resume after `covey site add-device`
         allowed = frozenset(site.spec.devices) if site is not None else None
     run = args.run or (site.spec.run if site else "site")
-    return Connection(host, port, username, password, tls, run, host, allowed)
+    edges: dict[str, tuple[str, ...]] = {}
+    if site is not None:
+        from server.site.edge import load_edges
+
+        edges = {e.name: e.devices for e in load_edges(site.layout)}
+    return Connection(host, port, username, password, tls, run, host, allowed, edges)
 
 
 def _cmd_server_run(args: argparse.Namespace) -> int:
@@ -142,6 +148,7 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
             password=conn.password,
             tls=conn.tls,
             allowed_devices=conn.allowed_devices,
+            edges=conn.edges,
             max_devices=args.max_devices,
             round_attempts=args.round_attempts,
             links_every=args.links_every,

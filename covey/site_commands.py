@@ -72,7 +72,7 @@ def _cmd_site_add_edge(args: argparse.Namespace) -> int:
     print(f"added the edge {args.name!r} in {folder}: its mosquitto bridges to the site's broker as edge.{args.name}")
     print(f"  its boards now dial it: {', '.join(edge.devices)} (give each its new device.toml from devices/<ID>/)")
     print("  a running central broker takes the bridge's user after a reload (SIGHUP, or systemctl reload mosquitto)")
-    print(f"next, on the edge's host: covey broker run --site {args.dir} --edge {args.name}")
+    print(f"next, on the edge's host: covey edge run --site {args.dir} --edge {args.name}")
     return 0
 
 

@@ -87,6 +87,10 @@ class Backend(Protocol):
 
     def distance_matrix(self) -> np.ndarray | None: ...
 
+    def site_edges(self) -> dict[str, str]:
+        """Device -> the site edge it sits behind (empty: none)."""
+        ...
+
     def round_stats(self) -> RoundStats:
         """Counters since the previous call."""
         ...

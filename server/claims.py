@@ -103,5 +103,5 @@ def bound_claims(results: Sequence[GroupResult], registered: Mapping[str, int], 
                 capped += 1
                 n = int(cap)
             members.append(m if n == m.n_samples else replace(m, n_samples=n))
-        out.append(GroupResult(r.group_id, tuple(members), r.final_weights, r.skipped))
+        out.append(replace(r, members=tuple(members)))
     return Bounded(out, overclaimed, capped)

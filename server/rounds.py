@@ -86,6 +86,9 @@ class _Context:
     def distance_matrix(self) -> np.ndarray | None:
         return self._driver.backend.distance_matrix()
 
+    def site_edges(self) -> dict[str, str]:
+        return self._driver.backend.site_edges()
+
 
 class RoundDriver:
     """Drive ``strategy`` over ``backend``, one round per :meth:`step`.

@@ -180,12 +180,7 @@ def without_empty_members(results: Sequence[GroupResult]) -> tuple[list[GroupRes
         empty = {m.client_id for m in r.members if m.weights is not None and m.n_samples <= 0}
         if empty:
             rejections += [Rejection((c,), "empty", 0.0, float("nan")) for c in sorted(empty)]
-            r = GroupResult(
-                r.group_id,
-                tuple(replace(m, weights=None) if m.client_id in empty else m for m in r.members),
-                r.final_weights,
-                r.skipped,
-            )
+            r = replace(r, members=tuple(replace(m, weights=None) if m.client_id in empty else m for m in r.members))
         out.append(r)
     return out, rejections
 
@@ -275,6 +270,7 @@ class _Update:
     devices: tuple[str, ...]
     kind: UpdateKind
     norm: float  # per member: a chain's norm over the square root of its members
+    group_mean: bool = False  # an edge's mean of its members' models, screened as one member's
 
 
 def screen_results(
@@ -310,6 +306,11 @@ def screen_results(
             if m.weights is not None:
                 norm = m.norm if m.norm is not None else update_norm(start, m.weights)
                 updates.append(_Update(i, (m.client_id,), "member", norm))
+        if r.group_mean is not None and r.members:
+            # held to a member's bound: averaging shrinks honest updates, so a mean above
+            # it carries at least one member far above it (the edge lied or let it through)
+            norm = update_norm(start, r.group_mean)
+            updates.append(_Update(i, tuple(m.client_id for m in r.members), "member", norm, group_mean=True))
         if g.mode == "chain" and r.final_weights is not None and r.members:
             per_member = update_norm(start, r.final_weights) / float(np.sqrt(len(r.members)))
             updates.append(_Update(i, tuple(m.client_id for m in r.members), "chain", per_member))
@@ -344,23 +345,28 @@ def screen_results(
 def _drop(r: GroupResult, u: _Update) -> GroupResult:
     """``r`` without ``u``'s model (a member's, or the chain's final one)."""
     if u.kind == "chain":
-        return GroupResult(r.group_id, r.members, None, r.skipped)
+        return replace(r, final_weights=None)
+    if u.group_mean:
+        return replace(r, group_mean=None)
     kept = tuple(replace(m, weights=None, norm=None) if m.client_id in u.devices else m for m in r.members)
-    return GroupResult(r.group_id, kept, r.final_weights, r.skipped)
+    return replace(r, members=kept)
 
 
 def _scale(r: GroupResult, u: _Update, start: np.ndarray, factor: float) -> GroupResult:
     """``r`` with ``u``'s update scaled by ``factor`` (its norm with it)."""
     if u.kind == "chain":
         assert r.final_weights is not None
-        return GroupResult(r.group_id, r.members, scaled_update(start, r.final_weights, factor), r.skipped)
+        return replace(r, final_weights=scaled_update(start, r.final_weights, factor))
+    if u.group_mean:
+        assert r.group_mean is not None
+        return replace(r, group_mean=scaled_update(start, r.group_mean, factor))
     members = tuple(
         replace(m, weights=scaled_update(start, m.weights, factor), norm=u.norm * factor)
         if m.client_id in u.devices and m.weights is not None
         else m
         for m in r.members
     )
-    return GroupResult(r.group_id, members, r.final_weights, r.skipped)
+    return replace(r, members=members)
 
 
 def screen_updates(

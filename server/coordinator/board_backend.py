@@ -22,6 +22,7 @@ from server.coordinator.bus import DeviceBus
 from server.coordinator.prober import LinkProber
 from server.coordinator.registry import Registry
 from server.coordinator.requests import TaskRequests
+from server.edge.proxy import EdgeBook
 from server.execution.round import RoundExecution
 from server.hops import HopBound
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan
@@ -92,6 +93,12 @@ class BoardBackend:
         measured, else through the server (``rtt_i + rtt_j``)."""
         rtt = self.prober.rtt_matrix()
         return rtt if rtt is not None else self.registry.distance_matrix()
+
+    def site_edges(self) -> dict[str, str]:
+        book = self.execution.placement
+        if not isinstance(book, EdgeBook):
+            return {}
+        return {d: name for name, devices in book.edges.items() for d in devices}
 
     def round_stats(self) -> RoundStats:
         by_reason, by_device = self.bus.take_drops()

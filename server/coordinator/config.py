@@ -56,6 +56,9 @@ class CoordinatorConfig:
     links_every: int = 0
     link_bandwidth_hz: float = DEFAULT_BANDWIDTH_HZ
     codec: WireCodec = "fp32"  # how models travel (device/protocol/codecs.py)
+    # the site's edges (server/site/edge.py): name -> the devices behind it, whose groups
+    # may run there (server/edge/proxy.py); empty: every group runs here
+    edges: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     # -- what each collaborator takes from these ---------------------------------------
     def bus_settings(self) -> BusSettings:

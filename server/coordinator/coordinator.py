@@ -51,6 +51,7 @@ from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
 from server.downlink import downlinks_for
+from server.edge.proxy import EdgeBook
 from server.execution.ports import PolledBus
 from server.execution.round import RoundExecution
 from server.execution.shared import SharedModels
@@ -122,6 +123,18 @@ class Coordinator:
             max_chunk=config.max_chunk,
             task_prefix=self.epoch,
         )
+        self.edges = (
+            EdgeBook(
+                {name: frozenset(devices) for name, devices in config.edges.items()},
+                self.topics,
+                self._publish,
+                config.deadline_s,
+                config.max_chunk,
+                config.codec,
+            )
+            if config.edges
+            else None
+        )
         self.execution = RoundExecution(
             config.execution_settings(),
             topics=self.topics,
@@ -132,6 +145,7 @@ class Coordinator:
             bases=self.bases,
             downlinks=self.downlinks,
             task_prefix=self.epoch,
+            placement=self.edges,
         )
         self.prober = LinkProber(
             config.probe_settings(),
@@ -157,6 +171,7 @@ class Coordinator:
             bases=self.bases,
             current_round=lambda: self.backend.round,
             on_client=self._on_client,
+            edges=self.edges,
         )
         self.driver = RoundDriver(
             strategy,

@@ -43,6 +43,8 @@ from server.coordinator.prober import LinkProber
 from server.coordinator.registry import DeviceRecord, Registry
 from server.coordinator.requests import TaskRequests
 from server.coordinator.retained import RetainedJunk
+from server.edge.messages import decode_edge
+from server.edge.proxy import EDGE_PREFIX, EdgeBook
 from server.execution.round import RoundExecution
 from server.strategies.base import ClientInfo
 
@@ -78,6 +80,7 @@ class Inbox:
     bases : this round's start models by payload sha256 (what int8 deltas may name).
     current_round : the round being run (results of others are not this round's).
     on_client : a device passed admission or registered new counts.
+    edges : the site's edges (their status, reports and group models), or None.
     """
 
     def __init__(
@@ -95,11 +98,13 @@ class Inbox:
         bases: dict[str, np.ndarray],
         current_round: Callable[[], int],
         on_client: Callable[[ClientInfo], None],
+        edges: EdgeBook | None = None,
     ) -> None:
         self.settings, self.topics, self.publish, self.bus = settings, topics, publish, bus
         self.registry, self.prober, self.execution = registry, prober, execution
         self.requests, self.retained, self.bases = requests, retained, bases
         self.current_round, self.on_client = current_round, on_client
+        self.edges = edges
 
     def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
         """Count (by reason, and per registered ``device``) and log what covey did not use."""
@@ -136,6 +141,9 @@ class Inbox:
                 return
             raise ProtocolError(f"unexpected topic {item.topic}")
         device, kind = who
+        if device.startswith(EDGE_PREFIX):
+            self._on_edge(device, kind, item)
+            return
         if kind == "status":
             self.registry.set_status(device, item.payload)
             return
@@ -150,6 +158,27 @@ class Inbox:
             return
         self._on_message(device, kind, msg)
         self.bus.used(msg)
+
+    def _on_edge(self, user: str, kind: str, item: Incoming) -> None:
+        """What a site's edge sends (its bridge's user writes only its own topics): its
+        status, its groups' reports and their models (server/edge/proxy.py)."""
+        if self.edges is None:
+            raise ProtocolError(f"{user} writes as an edge, and this run has none")
+        if kind == "status":
+            self.edges.on_status(user, item.payload)
+            return
+        if kind == "frames":
+            payload = self.bus.reassemble(user, item)
+            if payload is None:
+                return
+            weights = check_weights(payload, self.settings.n_params, None)
+            body: object = payload.header
+        elif kind == "results":
+            body, weights = decode_edge(item.payload, self.settings.run), None
+        else:
+            raise ProtocolError(f"an edge sends no {kind} messages")
+        if self.execution.on_edge(user, body, weights) == "unexpected":
+            raise ProtocolError(f"{user} sent {type(body).__name__} that no group run there expects")
 
     def _on_message(self, device: str, kind: str, msg: Message) -> None:
         if msg.sender != device:

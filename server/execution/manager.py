@@ -156,6 +156,11 @@ class GroupManager:
         """A ``result`` frame from a member; False if it is not expected."""
         raise NotImplementedError
 
+    def on_edge(self, edge: str, body: object, weights: np.ndarray | None, now: float) -> bool:
+        """A report or group model from a site's edge: only a group run there expects one
+        (:class:`~server.edge.proxy.EdgeGroupProxy`)."""
+        return False
+
     def on_refused(self, device: str, task_id: str, why: str, now: float) -> bool:
         """``device``'s output for ``task_id`` was refused (not finite), or it reported that
         its training failed: the group goes on without it at once instead of waiting for

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Container, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -27,9 +27,28 @@ from server.execution.manager import GroupManager, ParallelManager
 from server.execution.ports import Clock, ExecutionBus
 from server.execution.shared import SharedModels
 from server.hops import HopBound
-from server.strategies.base import GroupResult, RoundPlan
+from server.strategies.base import GroupPlan, GroupResult, RoundPlan, TrainConfig
 
 Outcome = Literal["accepted", "duplicate", "unexpected"]
+
+
+class Placement(Protocol):
+    """Where a group's manager runs: a manager for a group run elsewhere (a proxy for a
+    site's edge, :mod:`server.edge.proxy`), or None to run it here."""
+
+    def manager_for(
+        self,
+        group: GroupPlan,
+        round_: int,
+        start: np.ndarray,
+        train: TrainConfig,
+        *,
+        task_prefix: str,
+        seed: int,
+        hop: HopBound | None,
+        handoff: Handoff,
+    ) -> GroupManager | None:
+        """The manager of ``group`` when it runs elsewhere, else None."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +79,7 @@ class RoundExecution:
         cleared at each plan, filled by the managers, read by the frame check.
     downlinks : what each device holds, in int8/int4 runs (delta downlinks), else None.
     task_prefix : the first plan's task-id prefix (the coordinator's epoch).
+    placement : which groups run elsewhere (at a site's edge); None: every group here.
     """
 
     def __init__(
@@ -74,8 +94,10 @@ class RoundExecution:
         bases: dict[str, np.ndarray],
         downlinks: DownlinkModels | None,
         task_prefix: str,
+        placement: Placement | None = None,
     ) -> None:
         self.settings, self.topics, self.bus, self.clock = settings, topics, bus, clock
+        self.placement = placement
         self.known, self.shared, self.bases, self.downlinks = known, shared, bases, downlinks
         self.managers: list[GroupManager] = []
         # task ids start with this; a resumed round keeps the prefix it was journaled with
@@ -112,24 +134,12 @@ class RoundExecution:
         self._attempts[plan.round] = self._attempts.get(plan.round, 0) + 1
         try:
             for i, g in enumerate(plan.groups):
-                chain = g.mode == "chain"
-                manager: GroupManager = (ChainManager if chain else ParallelManager)(
-                    g,
-                    plan.round,
-                    plan.models[g.start_model],
-                    plan.train,
-                    topics=self.topics,
-                    publish=self.bus.publish,
-                    handoff=self._handoff_for(i, g.members) if chain else "relay",
-                    deadline_s=cfg.deadline_s,
-                    seed=seed,
-                    max_chunk=cfg.max_chunk,
-                    task_prefix=prefix,
-                    shared=self.shared,
-                    codec=cfg.codec,
-                    bases=self.bases,
-                    downlinks=self.downlinks,
-                    hop=hop,
+                start, handoff = plan.models[g.start_model], self._handoff_for(i, g.members)
+                placed = self.placement and self.placement.manager_for(
+                    g, plan.round, start, plan.train, task_prefix=prefix, seed=seed, hop=hop, handoff=handoff
+                )
+                manager = placed or self.make_manager(
+                    g, plan.round, start, plan.train, task_prefix=prefix, seed=seed, hop=hop, handoff=handoff
                 )
                 for d in g.members:
                     msg = Message.of(Assignment(g.group_id), run=cfg.run, sender=SERVER_ID, round=plan.round)
@@ -145,6 +155,48 @@ class RoundExecution:
             for m in self.managers:
                 m.release()  # no shared start model outlives its round on the broker
         return [m.result() for m in self.managers]
+
+    def make_manager(
+        self,
+        g: GroupPlan,
+        round_: int,
+        start: np.ndarray,
+        train: TrainConfig,
+        *,
+        task_prefix: str,
+        seed: int,
+        hop: HopBound | None,
+        handoff: Handoff,
+        deadline_s: float | None = None,
+    ) -> GroupManager:
+        """The manager that runs group ``g`` here, over this execution's bus (an edge
+        makes its groups' managers with this too, :mod:`server.edge.host`)."""
+        chain = g.mode == "chain"
+        return (ChainManager if chain else ParallelManager)(
+            g,
+            round_,
+            start,
+            train,
+            topics=self.topics,
+            publish=self.bus.publish,
+            handoff=handoff if chain else "relay",
+            deadline_s=self.settings.deadline_s if deadline_s is None else deadline_s,
+            seed=seed,
+            max_chunk=self.settings.max_chunk,
+            task_prefix=task_prefix,
+            shared=self.shared,
+            codec=self.settings.codec,
+            bases=self.bases,
+            downlinks=self.downlinks,
+            hop=hop,
+        )
+
+    def on_edge(self, edge: str, body: object, weights: np.ndarray | None = None) -> Outcome:
+        """A report or the group model from ``edge`` (:mod:`server.edge.proxy`)."""
+        now = self.clock()
+        if any(m.on_edge(edge, body, weights, now) for m in self.managers):
+            return "accepted"
+        return "unexpected"
 
     def on_result(self, device: str, result: TrainResult) -> Outcome:
         now = self.clock()

@@ -254,6 +254,9 @@ class VirtualDevices:
     def distance_matrix(self) -> np.ndarray | None:
         return self._distance
 
+    def site_edges(self) -> dict[str, str]:
+        return {}  # simulated sites have no edges yet
+
     def round_stats(self) -> RoundStats:
         wire, self.bus.wire = self.bus.wire, {"down": 0, "up": 0, "peer": 0}
         dropped, self.bus.dropped = self.bus.dropped, 0

@@ -14,14 +14,17 @@ address in their ``device.toml`` changes. The edge's folder ``DIR/edges/NAME/`` 
 
 The bridge logs in to the central broker as the user ``edge.NAME``. The central ACL lets
 that user write exactly what the room's boards may write (each board's ``from/<id>/``
-topics and its hand-offs) and read what they may read: an edge cannot speak for a board
-of another room, and the coordinator still takes the sender from the topic. The bridge
-forwards each board's messages out and each board's topics in, plus what the server
-publishes for everyone; ``try_private`` keeps a message from coming back the way it went
-(a hand-off between two boards of the room is delivered in the room, and also crosses
-the uplink until group managers run at the edge). ``cleansession false`` with a stable
-client id: while the uplink is down, each broker queues what the other side has
-subscribed to (up to its queue bounds) and sends it on reconnection.
+topics and its hand-offs) and read what they may read, plus the edge's own
+``from/edge.NAME/`` (its groups' reports and models) and ``edge/NAME/`` (its tasks): an
+edge cannot speak for a board of another room, and the coordinator still takes the
+sender from the topic. The bridge forwards each board's registration and status out,
+each board's topics in, and what the server publishes for everyone; a board's
+``results`` and ``frames`` it forwards only as the edge host republishes them under
+``covey/<run>/relay/`` (``server/edge/host.py``: what a group run at the edge waits for
+stays in the room). ``try_private`` keeps a message from coming back the way it went.
+``cleansession false`` with a stable client id: while the uplink is down, each broker
+queues what the other side has subscribed to (up to its queue bounds) and sends it on
+reconnection.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 DEVICE_WRITE_KINDS = ("register", "results", "frames", "status")
+# what the edge host reads first (server/edge/host.py): a board's outputs and replies,
+# handled at the edge when a group run there waits for them, else relayed under RELAY
+RELAYED_KINDS = ("results", "frames")
+RELAY = "relay/"  # covey/<run>/relay/from/<id>/<kind> at the edge is covey/<run>/from/<id>/<kind> centrally
 BRIDGE_QOS = 1  # covey publishes everything at QoS 1
 
 
@@ -95,7 +102,11 @@ def check_edge(edge: EdgeSpec, site_devices: Sequence[str], others: Sequence[Edg
 
 def central_acl_lines(run: str, edge: EdgeSpec) -> list[str]:
     """The central ACL's lines for an edge's bridge: its boards' writes and reads, no more."""
-    lines = [f"user {edge.user}"]
+    lines = [
+        f"user {edge.user}",
+        f"topic write covey/{run}/from/{edge.user}/#",  # its groups' reports and models, its status
+        f"topic read covey/{run}/edge/{edge.name}/#",  # the tasks and start models the coordinator sends it
+    ]
     for device in edge.devices:
         lines += [f"topic write covey/{run}/from/{device}/{kind}" for kind in DEVICE_WRITE_KINDS]
         lines += [f"topic write covey/{run}/device/+/frames/from/{device}", f"topic read covey/{run}/device/{device}/#"]
@@ -133,8 +144,18 @@ def bridge_text(
         f"topic covey/{run}/shared/# in {q}",
         f"topic covey/{run}/server/status in {q}",
     ]
+    lines += [
+        f"topic covey/{run}/from/{edge.user}/# out {q}",
+        f"topic covey/{run}/edge/{edge.name}/# in {q}",
+    ]
     for device in edge.devices:
-        lines += [f"topic covey/{run}/from/{device}/{kind} out {q}" for kind in DEVICE_WRITE_KINDS]
+        lines += [
+            f"topic covey/{run}/from/{device}/{kind} out {q}"
+            for kind in DEVICE_WRITE_KINDS
+            if kind not in RELAYED_KINDS
+        ]
+        # what the edge host relays (server/edge/host.py): prefix stripped on the way up
+        lines += [f"topic from/{device}/{kind} out {q} covey/{run}/{RELAY} covey/{run}/" for kind in RELAYED_KINDS]
         lines += [
             f"topic covey/{run}/device/+/frames/from/{device} out {q}",
             f"topic covey/{run}/device/{device}/# in {q}",

@@ -83,6 +83,10 @@ class GroupPlan:
     members: tuple[str, ...]
     mode: GroupMode
     start_model: str  # key into RoundPlan.models
+    # parallel groups: the strategy uses only the sample-weighted mean of the members'
+    # models, so a manager near the members (a site's edge, server/edge/) may send that
+    # mean alone (GroupResult.group_mean) instead of every member's model
+    mean_only: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in ("chain", "parallel"):
@@ -133,13 +137,19 @@ class GroupResult:
     (chain mode); parallel mode carries every member's weights. ``skipped`` lists
     members that missed their deadline (their work is lost; the chain continued);
     ``refused`` members whose chain hand-off screening refused, or who reported that
-    their training failed (the chain continued from their input; :mod:`server.hops`)."""
+    their training failed (the chain continued from their input; :mod:`server.hops`).
+
+    A parallel group planned ``mean_only`` and run by an edge (``managed_by``) lists its
+    members without their models and carries their sample-weighted mean in
+    ``group_mean`` instead (:func:`returned` hands it on as one member)."""
 
     group_id: int
     members: tuple[MemberResult, ...]
     final_weights: np.ndarray | None = field(default=None, repr=False)
     skipped: tuple[str, ...] = ()
     refused: tuple[str, ...] = ()
+    group_mean: np.ndarray | None = field(default=None, repr=False)
+    managed_by: str | None = None  # the edge that ran the group; None: the coordinator
 
     @property
     def n_samples(self) -> int:
@@ -179,6 +189,11 @@ class RoundContext(Protocol):
 
     def distance_matrix(self) -> np.ndarray | None:
         """Pairwise communication distance (RTT in ms or hops), or None."""
+        ...
+
+    def site_edges(self) -> dict[str, str]:
+        """Device -> the site edge it sits behind (``covey site add-edge``); devices behind
+        none are left out (empty: no edges)."""
         ...
 
 
@@ -320,8 +335,17 @@ class Strategy(ABC):
 
 
 def returned(results: Sequence[GroupResult]) -> list[tuple[MemberResult, np.ndarray]]:
-    """Members that returned their own model (parallel mode), with that model."""
-    return [(m, m.weights) for r in results for m in r.members if m.weights is not None]
+    """Members that returned their own model (parallel mode), with that model. A group
+    an edge averaged (``group_mean``) counts as one member named ``group<id>@<edge>``
+    with its members' samples: the sample-weighted mean of such means is the mean of
+    their members' models, which is all a ``mean_only`` plan's strategy uses."""
+    out: list[tuple[MemberResult, np.ndarray]] = []
+    for r in results:
+        out += [(m, m.weights) for m in r.members if m.weights is not None]
+        if r.group_mean is not None and r.n_samples > 0:
+            mean = MemberResult(f"group{r.group_id}@{r.managed_by}", r.n_samples, mean_loss([r]), r.group_mean)
+            out.append((mean, r.group_mean))
+    return out
 
 
 def mean_loss(results: Sequence[GroupResult]) -> float:

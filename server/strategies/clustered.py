@@ -60,14 +60,17 @@ class GroupModelStrategy(Strategy):
             out[g].append(c)
         return out
 
-    def parallel_plan(self, rnd: int, chosen: Sequence[str]) -> RoundPlan:
-        """Each selected, assigned client trains from its group's model."""
+    def parallel_plan(self, rnd: int, chosen: Sequence[str], *, mean_only: bool = False) -> RoundPlan:
+        """Each selected, assigned client trains from its group's model; ``mean_only``:
+        the strategy uses only each group's sample-weighted mean (:class:`GroupPlan`)."""
         by_group: dict[int, list[str]] = {}
         for c in chosen:
             if c in self.assignment:
                 by_group.setdefault(self.assignment[c], []).append(c)
         models = {f"group{g}": self.group_models[g] for g in by_group}
-        plans = tuple(GroupPlan(g, tuple(m), "parallel", f"group{g}") for g, m in sorted(by_group.items()))
+        plans = tuple(
+            GroupPlan(g, tuple(m), "parallel", f"group{g}", mean_only=mean_only) for g, m in sorted(by_group.items())
+        )
         return RoundPlan(rnd, plans, models, self.train)
 
     def fedavg_groups(self, results: Sequence[GroupResult], *, weighted: bool = True) -> list[int]:

@@ -18,10 +18,12 @@ first grouped round: grouped round ``i`` (round 2 is grouped round 1) is global 
 ``i mod τ2 = 0``. That is Alg. 1 line 10's ``(t - 1) mod τ1τ2 = 0``: grouped round
 ``i`` ends at step ``t = 1 + i τ1``, after the one-step ungrouped start.
 
-HierFAVG groups by network alone, from round 1: the same k-medoids on the distance
-matrix with the IID weight set to zero, run to convergence by default since it stands
-in for the fixed network edges HierFAVG groups by, or a random partition when no
-distances are known.
+HierFAVG groups by network alone, from round 1: on a site with edges (``covey site
+add-edge``), one group per edge and one of the devices behind none, which is the
+paper's client-edge-cloud hierarchy (such groups run at their edge, ``server/edge/``);
+otherwise the same k-medoids on the distance matrix with the IID weight set to zero,
+run to convergence by default since it stands in for the fixed network edges HierFAVG
+groups by, or a random partition when no distances are known.
 
 The output of both methods is the global model (Alg. 1: ``OUTPUT: w(T)``); group models
 are intermediate. Clients are therefore scored with the last global aggregate
@@ -106,6 +108,13 @@ class FedAvgIC(GroupModelStrategy):
         """NODE_GROUPING over the measured distances. With α_iid = 0 (HierFAVG) only the
         network counts, and without distances the nodes are split at random."""
         ids = sorted(self.clients)
+        edges = ctx.site_edges()
+        if self.alpha_iid == 0 and edges:
+            # HierFAVG's edge servers (Liu et al., client-edge-cloud) are the site's edges: one
+            # group per edge, and one of the devices that reach the central broker directly
+            names = sorted({edges[c] for c in ids if c in edges})
+            self._set_groups(ids, np.array([names.index(edges[c]) if c in edges else len(names) for c in ids]))
+            return
         k = min(self.n_groups, len(ids))
         measured = ctx.distance_matrix()
         has_dist = measured is not None and bool(measured.any())
@@ -154,7 +163,10 @@ class FedAvgIC(GroupModelStrategy):
             )
         if self.first_grouped_round is None:
             self.first_grouped_round = rnd
-        plan = self.parallel_plan(rnd, chosen)
+        # a grouped round uses each group's sample-weighted mean alone (group and global
+        # aggregation, Eq. 4-5), so an edge may average its room's group (server/edge/);
+        # a robust rule needs every member's model
+        plan = self.parallel_plan(rnd, chosen, mean_only=self.aggregation == "mean")
         return RoundPlan(plan.round, plan.groups, plan.models, self._train_config())
 
     def aggregate(self, rnd: int, plan: RoundPlan, results: Sequence[GroupResult]) -> RoundSummary:

@@ -64,6 +64,9 @@ class FakeDevices:
     def distance_matrix(self) -> np.ndarray | None:
         return None
 
+    def site_edges(self) -> dict[str, str]:
+        return {}
+
     def round_stats(self) -> RoundStats:
         return RoundStats()
 

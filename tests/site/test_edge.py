@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import tomllib
@@ -58,7 +59,10 @@ def test_add_edge_writes_the_edge_and_points_the_rooms_boards_at_it(site_parent:
     assert (edge.name, edge.devices, edge.port) == ("lab", tuple(ROOM), port)
     conf = edge_conf(site.layout, "lab").read_text()
     assert f"address {site.spec.broker}" in conf and "remote_username edge.lab" in conf
-    assert "topic covey/siterun/from/lab-1/results out 1" in conf
+    # a board's outputs reach the centre only as the edge host relays them (server/edge/host.py)
+    assert "topic from/lab-1/results out 1 covey/siterun/relay/ covey/siterun/" in conf
+    assert "topic covey/siterun/from/lab-1/results out" not in conf
+    assert "topic covey/siterun/edge/lab/# in 1" in conf and "topic covey/siterun/from/edge.lab/# out 1" in conf
     assert "hall-1" not in conf  # nothing of another room crosses this bridge
     acl = (site.layout.broker_dir / "acl").read_text()
     assert "user edge.lab" in acl and "topic write covey/siterun/from/lab-2/frames" in acl
@@ -96,10 +100,12 @@ def test_a_board_belongs_to_one_edge(site_parent: Path) -> None:
 
 
 def broker_run(site: Path, log: Path, *edge: str) -> subprocess.Popen[bytes]:
-    """``covey broker run --site DIR [--edge NAME]``, as on the broker's and the edge's hosts."""
+    """``covey broker run --site DIR`` on the broker's host, or with ``--edge NAME`` ``covey
+    edge run --site DIR --edge NAME`` on the edge's (its broker and its group managers)."""
+    command = ["edge", "run"] if edge else ["broker", "run"]
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "covey.cli", "broker", "run", "--site", str(site), *edge],
+            [sys.executable, "-m", "covey.cli", *command, "--site", str(site), *edge],
             cwd=REPO,
             env={**os.environ, "PYTHONPATH": str(REPO)},
             stdout=out,
@@ -107,10 +113,20 @@ def broker_run(site: Path, log: Path, *edge: str) -> subprocess.Popen[bytes]:
         )
 
 
-@pytest.mark.broker
-@pytest.mark.slow
-def test_a_room_behind_its_edge_trains_with_the_rest_of_the_site(site_parent: Path, tmp_path: Path) -> None:
-    # Prepare: the site and its edge, as docs/site-guide.md ("More than one room") makes them
+def wait_for_line(log: Path, text: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
+    """Until ``text`` shows in ``log`` (or ``proc`` ended, or ``timeout`` passed)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{text!r} not in {log} within {timeout} s: {log.read_text(errors='replace')[-1500:]}")
+
+
+def run_site_with_edge(site_parent: Path, tmp_path: Path, *learning: str) -> tuple[int, list[dict[str, Any]], str]:
+    """The site and its edge as docs/site-guide.md ("More than one room") makes and runs them,
+    every board with its bundle, and ``covey server run --site DIR *learning`` at the centre.
+    Returns the server's exit status, its rounds (results.json) and the edge's log."""
     site = init(site_parent / "site", *ROOM, *OTHERS)
     edge_port = free_port()
     assert add_edge(site.layout.root, edge_port) == 0
@@ -120,9 +136,7 @@ def test_a_room_behind_its_edge_trains_with_the_rest_of_the_site(site_parent: Pa
     try:
         wait_for_port("127.0.0.1", site.spec.port, 15, brokers[0])
         brokers.append(broker_run(site.layout.root, tmp_path / "edge.log", "--edge", "lab"))
-        wait_for_port("127.0.0.1", edge_port, 15, brokers[1])
-
-        # Execute: every board with its bundle; the coordinator at the central broker
+        wait_for_line(tmp_path / "edge.log", "edge lab: group managers for lab-1, lab-2", 30, brokers[1])
         with start_fleet(
             root,
             leaf_writers(root, len(devices)),
@@ -135,8 +149,7 @@ def test_a_room_behind_its_edge_trains_with_the_rest_of_the_site(site_parent: Pa
         ):
             code = main(
                 [
-                    *("server", "run", "--site", str(site.layout.root), "--strategy", "fedavg"),
-                    *("--set", "clients_per_round=3", "--min-devices", "3", "--rounds", "2"),
+                    *("server", "run", "--site", str(site.layout.root), *learning, "--min-devices", "3"),
                     *("--state-dir", str(state), "--register-timeout", "120", "--deadline", "60"),
                 ]
             )
@@ -147,19 +160,52 @@ def test_a_room_behind_its_edge_trains_with_the_rest_of_the_site(site_parent: Pa
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-
-    # Assert: both rounds with all three boards, the room's through its edge; both brokers stopped cleanly
-    assert code == 0, (tmp_path / "edge.log").read_text()[-2000:]
-    rounds = json.loads((state / "results.json").read_text())["rounds"]
-    assert [r["round"] for r in rounds] == [1, 2]
-    assert all(r["trained"] == 3 and r["skipped"] == 0 for r in rounds), rounds
+    edge_log = (tmp_path / "edge.log").read_text(errors="replace")
+    assert code == 0, edge_log[-2000:]
     for device in ROOM:
         log = (tmp_path / f"{device}.log").read_text()
         assert f"connected to the broker at localhost:{edge_port} over TLS as {device}" in log, log[-1500:]
     hall = (tmp_path / f"{OTHERS[0]}.log").read_text()
     assert f"connected to the broker at localhost:{site.spec.port} over TLS" in hall
-    assert [proc.returncode for proc in brokers] == [0, 0], (tmp_path / "edge.log").read_text()[-2000:]
-    assert "the edge 'lab' of the covey site 'siterun', bridged to localhost:" in (tmp_path / "edge.log").read_text()
+    assert [proc.returncode for proc in brokers] == [0, 0], edge_log[-2000:]
+    assert "the edge 'lab' of the covey site 'siterun', bridged to localhost:" in edge_log
+    return code, json.loads((state / "results.json").read_text())["rounds"], edge_log
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_room_behind_its_edge_trains_with_the_rest_of_the_site(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare, execute: FedAvg's one group spans the rooms, so it runs at the centre
+    _, rounds, edge_log = run_site_with_edge(
+        site_parent, tmp_path, "--strategy", "fedavg", "--set", "clients_per_round=3", "--rounds", "2"
+    )
+
+    # Assert: both rounds with all three boards, the room's results relayed by its edge
+    assert [r["round"] for r in rounds] == [1, 2]
+    assert all(r["trained"] == 3 and r["skipped"] == 0 for r in rounds), rounds
+    assert "edge lab stopped: 0 groups run here" in edge_log, edge_log[-2000:]
+    outputs = int(edge_log.split("messages relayed, ")[1].split()[0])
+    assert outputs >= 4, edge_log[-2000:]  # two rounds of two boards' results and models at least
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_hierfavg_runs_the_rooms_group_at_its_edge(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare, execute: HierFAVG's edge servers are the site's edges (one group per edge and
+    # one of the boards behind none), so the room's group runs at its edge every round
+    _, rounds, edge_log = run_site_with_edge(
+        site_parent, tmp_path, "--strategy", "hierfavg", "--set", "tau2=2", "--rounds", "3"
+    )
+
+    # Assert: every round trained every board; the room's group ran at the edge each round
+    # and only its one model went up (none of its boards' results was relayed)
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert all(r["trained"] == 3 and r["skipped"] == 0 for r in rounds), rounds
+    assert all(len(r["groups"]) == 2 for r in rounds), [r["groups"] for r in rounds]
+    assert "edge lab stopped: 3 groups run here;" in edge_log, edge_log[-3000:]
+    assert "0 of them training outputs of groups run centrally" in edge_log, edge_log[-3000:]
+    for rnd in (1, 2, 3):
+        assert f"round {rnd} group 0: done, 2 trained, 0 skipped; its model sent up" in edge_log, edge_log[-3000:]
 
 
 @pytest.mark.broker
@@ -251,7 +297,7 @@ def test_on_a_site_that_asks_for_client_certificates_the_bridge_has_one(site_par
         board.connect(10)
 
         # Execute: the room's board writes at its edge
-        until_delivered(board, observer, T.results("lab-1"), timeout=30)  # through the bridge, once it is up
+        until_delivered(board, observer, T.register("lab-1"), timeout=30)  # through the bridge, once it is up
     finally:
         board.close()
         observer.close()

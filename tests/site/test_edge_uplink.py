@@ -1,7 +1,7 @@
 """A room behind its edge keeps training through an uplink cut (issue 28, "faults at the
 edge"): the central broker, the edge, the coordinator and two boards each on their own
 host in network namespaces, made by ``covey site init`` and ``covey site add-edge`` and
-run by ``covey broker run`` (``--edge``) as docs/site-guide.md tells it. Mid-run, the
+run by ``covey edge run`` as docs/site-guide.md tells it. Mid-run, the
 edge's host loses its route to the central broker for a minute (a blackhole route in
 the edge's namespace): the central broker drops the silent bridge after its keep-alive
 (1.5 x 30 s), the bridge reconnects with its session kept once the route is back, and
@@ -55,7 +55,7 @@ def test_a_room_keeps_training_through_a_minute_long_uplink_cut(site_parent: Pat
         assert added.returncode == 0, added.stderr
         lab.start(central, [*COVEY, "broker", "run", "--site", str(site)], log=tmp_path / "central.log", env=env)
         lab.wait_for_port(coordinator, central.ip, 8883)
-        edge_broker = [*COVEY, "broker", "run", "--site", str(site), "--edge", "lab"]
+        edge_broker = [*COVEY, "edge", "run", "--site", str(site), "--edge", "lab"]
         lab.start(edge, edge_broker, log=tmp_path / "edge.log", env=env)
         for board, host in boards.items():
             lab.wait_for_port(host, edge.ip, 8883)

@@ -52,6 +52,9 @@ class FakeContext:
     def distance_matrix(self) -> np.ndarray | None:
         return self.distance
 
+    def site_edges(self) -> dict[str, str]:
+        return {}
+
 
 def info(client_id: str, counts: np.ndarray) -> ClientInfo:
     counts = np.asarray(counts, np.float64)

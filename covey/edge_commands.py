@@ -1,0 +1,99 @@
+"""``covey edge run``: a site's edge on its gateway: the room's mosquitto, bridged to the
+site's broker, and the edge host beside it (``server/edge/host.py``) that runs the
+groups the coordinator hands it and relays the rest of its boards' messages."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from device.errors import ConfigError
+
+log = logging.getLogger("covey.edge")
+
+
+def _cmd_edge_run(args: argparse.Namespace) -> int:
+    from device.mqtt import TlsFiles
+    from server.broker import wait_for_port
+    from server.edge.host import EdgeHost, EdgeSettings
+    from server.site import load_site
+    from server.site.edge import edge_dir
+    from server.site.edge_files import load_edge
+
+    site = load_site(Path(args.site))
+    edge = load_edge(site, args.edge)
+    own = edge_dir(site.layout, edge.name) / "coordinator"
+    password_file, ca = own / "password", own / "ca.crt"
+    for path in (password_file, ca):
+        if not path.is_file():
+            raise ConfigError(
+                f"{path} is missing; copy the site's edges/{edge.name}/ here from where `covey site add-edge` made it"
+            )
+    logging.getLogger("covey.edge").setLevel(logging.INFO)  # a line per group: what its operator reads
+    # the room's broker: `covey broker run --edge`, as a child that never outlives this command
+    broker = subprocess.Popen(
+        [sys.executable, "-m", "covey.cli", "broker", "run", "--site", args.site, "--edge", edge.name],
+        env={**os.environ},
+    )
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    host = EdgeHost(
+        EdgeSettings(
+            site.spec.run,
+            edge.name,
+            edge.devices,
+            (edge.hosts or edge.ips)[0],  # a name or address its certificate carries
+            edge.port,
+            password=password_file.read_text().strip(),
+            tls=TlsFiles(str(ca)),
+        )
+    )
+    try:
+        wait_for_port(edge.ips[0] if edge.ips else edge.hosts[0], edge.port, 30, broker)
+        host.connect()
+        print(f"edge {edge.name}: group managers for {', '.join(edge.devices)} on port {edge.port}", flush=True)
+        host.serve(stop)
+    finally:
+        with contextlib.suppress(Exception):
+            host.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        broker.send_signal(signal.SIGTERM)
+        try:
+            broker.wait(15)
+        except subprocess.TimeoutExpired:
+            broker.kill()
+            broker.wait(5)
+    print(
+        f"edge {edge.name} stopped: {host.groups_done} groups run here; {host.relayed} messages relayed, "
+        f"{host.relayed_outputs} of them training outputs of groups run centrally",
+        flush=True,
+    )
+    return 0 if broker.returncode == 0 else 1
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    edge = sub.add_parser("edge", help="a site's edge: one room's broker and its group managers")
+    edge_sub = edge.add_subparsers(dest="edge_command", required=True, metavar="ACTION")
+    p = edge_sub.add_parser(
+        "run",
+        help="run the edge's mosquitto and its group managers in the foreground",
+        description="On the room's gateway: starts the edge's mosquitto (bridged to the site's broker, as "
+        "`covey broker run --edge NAME`) and the edge host, which runs the groups whose members all sit behind "
+        "this edge and relays the rest of its boards' messages. Ctrl-C or SIGTERM stops both.",
+    )
+    p.add_argument("--site", required=True, metavar="DIR", help="the site folder (or a copy with edges/NAME/)")
+    p.add_argument("--edge", required=True, metavar="NAME", help="the edge, as `covey site add-edge` named it")
+    p.set_defaults(func=_cmd_edge_run)

@@ -1,0 +1,132 @@
+"""Groups run at a site's edge (issue 28, ``server/edge/``), in one process: the real
+coordinator, agents and edge hosts over the loopback broker. (One broker stands for the
+room's and the centre's here, so the coordinator also sees the room's boards' outputs
+and counts them as duplicates; ``tests/site/test_edge.py`` runs the real bridged
+brokers.)"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from device.data import read_leaf
+from device.errors import ProtocolError
+from device.protocol import LocalTraining
+from server.backend import RoundRecord
+from server.coordinator.config import CoordinatorConfig
+from server.coordinator.coordinator import Coordinator
+from server.edge.host import EdgeHost, EdgeSettings
+from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
+from server.fleet import leaf_writers
+from server.loopback import LoopbackBroker, LoopbackFleet
+from server.paths import ensure_model
+from server.screening import ScreeningConfig, screen_results
+from server.strategies import make_strategy
+from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan, Strategy, TrainConfig, returned
+from tests.mqtt.conftest import femnist_root
+
+IDS = [f"dev{i:03d}" for i in range(6)]
+EDGES = {"a": tuple(IDS[:3]), "b": tuple(IDS[3:])}
+
+
+def hierfavg() -> Strategy:
+    return make_strategy("hierfavg", tau2=2, train=TrainConfig(1, 10, 0.05, max_steps=5))
+
+
+def run(tmp: Path, *, edge_hosts: bool, rounds: int = 4) -> tuple[Strategy, list[RoundRecord], list[EdgeHost]]:
+    """HierFAVG on the site's two edges: with their hosts running, or with both offline
+    (every group then runs at the coordinator)."""
+    root = femnist_root()
+    train, test = read_leaf(root / "train"), read_leaf(root / "test")
+    fed = {d: (train[w], test[w]) for d, w in zip(IDS, leaf_writers(root, len(IDS)), strict=True)}
+    broker, stop, hosts, threads = LoopbackBroker(), threading.Event(), [], []
+    config = CoordinatorConfig("edges", "", 0, tmp / "state", seed=3, deadline_s=60, edges=dict(EDGES))
+    for name, devices in EDGES.items() if edge_hosts else ():
+        host = EdgeHost(EdgeSettings("edges", name, devices, "", 0), link_factory=broker.link)
+        host.connect()
+        threads.append(threading.Thread(target=host.serve, args=(stop,), daemon=True))
+        threads[-1].start()
+        hosts.append(host)
+    strategy = hierfavg()
+    try:
+        with LoopbackFleet(broker, fed, run="edges", state_dir=tmp / "agents"):
+            records = Coordinator(config, strategy, ensure_model("mlp_femnist"), link_factory=broker.link).run_rounds(
+                len(IDS), rounds
+            )
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for host in hosts:
+            host.close()
+    return strategy, records, hosts
+
+
+@pytest.mark.slow
+def test_hierfavg_through_edges_gives_the_central_runs_models(tmp_path: Path) -> None:
+    # Prepare, execute: the same seed and site, with the edges' hosts and without
+    edged, edged_records, hosts = run(tmp_path / "edged", edge_hosts=True)
+    central, central_records, _ = run(tmp_path / "central", edge_hosts=False)
+
+    # Assert: every group of every round ran at its edge, every board trained, and the
+    # models are the central run's (fp32: the means differ only by rounding)
+    assert [h.groups_done for h in hosts] == [4, 4]
+    assert all(r.trained == 6 and r.skipped == 0 for r in edged_records + central_records)
+    assert edged.global_weights is not None and central.global_weights is not None
+    diff = max(
+        float(np.max(np.abs(a.astype(np.float64) - b)))
+        for a, b in zip(
+            [edged.global_weights, *edged.group_models], [central.global_weights, *central.group_models], strict=True
+        )
+    )
+    assert diff <= 1e-5
+    assert not np.array_equal(edged.global_weights, hierfavg().global_weights)  # it trained
+
+
+def test_a_group_mean_counts_as_one_member_with_its_members_samples() -> None:
+    mean = np.ones(4, np.float32)
+    r = GroupResult(0, (MemberResult("a", 3, 1.0), MemberResult("b", 1, 2.0)), group_mean=mean, managed_by="lab")
+    ((member, weights),) = returned([r])
+    assert (member.client_id, member.n_samples, member.train_loss) == ("group0@lab", 4, 1.25)
+    assert weights is mean
+
+
+def test_a_lying_edges_group_mean_is_screened_like_a_member() -> None:
+    # Prepare: four honest members' updates at one group, and an edge's "mean" 50x theirs
+    rng = np.random.default_rng(0)
+    start = np.zeros(100, np.float32)
+    honest = [start + rng.normal(0, 0.1, 100).astype(np.float32) for _ in range(4)]
+    plan = RoundPlan(
+        2,
+        (
+            GroupPlan(0, ("a", "b", "c", "d"), "parallel", "m"),
+            GroupPlan(1, ("e", "f"), "parallel", "m", mean_only=True),
+        ),
+        {"m": start},
+    )
+    members = tuple(MemberResult(c, 10, 1.0, w) for c, w in zip("abcd", honest, strict=True))
+    lying = GroupResult(1, (MemberResult("e", 10, 1.0), MemberResult("f", 10, 1.0)), group_mean=50 * honest[0])
+    results = [GroupResult(0, members), lying]
+
+    # Execute
+    screened = screen_results(plan, results, ScreeningConfig())
+
+    # Assert: the edge's mean is refused (its members stay listed), the honest members kept
+    assert [r.devices for r in screened.rejections] == [("e", "f")]
+    assert screened.results[1].group_mean is None and len(screened.results[1].members) == 2
+    assert all(m.weights is not None for m in screened.results[0].members)
+
+
+def test_edge_messages_refuse_what_is_wrong() -> None:
+    task = EdgeTask(2, 1, ("a",), "parallel", "e1", LocalTraining(1, 10, 0.01), 60.0, 3, 900_000, "relay", "0" * 64)
+    assert decode_edge(encode_edge(task, "run"), "run") == task
+    with pytest.raises(ProtocolError, match="for run 'run', not 'other'"):
+        decode_edge(encode_edge(task, "run"), "other")
+    with pytest.raises(ProtocolError, match="not UTF-8 JSON"):
+        decode_edge(b"\xff{", "run")
+    bad = encode_edge(EdgeReport(2, 1, "e1", "done", (EdgeMember("a", 5, 0.5),)), "run").replace(b"0.5", b"1e999")
+    with pytest.raises(ProtocolError):
+        decode_edge(bad, "run")
