@@ -130,3 +130,36 @@ def test_edge_messages_refuse_what_is_wrong() -> None:
     bad = encode_edge(EdgeReport(2, 1, "e1", "done", (EdgeMember("a", 5, 0.5),)), "run").replace(b"0.5", b"1e999")
     with pytest.raises(ProtocolError):
         decode_edge(bad, "run")
+
+
+@pytest.mark.slow
+def test_an_edge_that_never_answers_costs_only_its_rooms_groups(tmp_path: Path) -> None:
+    # Prepare: edge "a" says it is online and then does nothing (its host never serves);
+    # edge "b" works
+    root = femnist_root()
+    train, test = read_leaf(root / "train"), read_leaf(root / "test")
+    fed = {d: (train[w], test[w]) for d, w in zip(IDS, leaf_writers(root, len(IDS)), strict=True)}
+    broker, stop = LoopbackBroker(), threading.Event()
+    hosts = {
+        name: EdgeHost(EdgeSettings("edges", name, devices, "", 0), link_factory=broker.link)
+        for name, devices in EDGES.items()
+    }
+    for host in hosts.values():
+        host.connect()
+    serving = threading.Thread(target=hosts["b"].serve, args=(stop,), daemon=True)
+    serving.start()
+    config = CoordinatorConfig("edges", "", 0, tmp_path / "state", seed=3, deadline_s=2, edges=dict(EDGES))
+
+    # Execute
+    try:
+        with LoopbackFleet(broker, fed, run="edges", state_dir=tmp_path / "agents"):
+            records = Coordinator(config, hierfavg(), ensure_model("mlp_femnist"), link_factory=broker.link).run_rounds(
+                len(IDS), 2
+            )
+    finally:
+        stop.set()
+        serving.join(10)
+
+    # Assert: both rounds ended; the silent edge's three boards were skipped, the others trained
+    assert [(r.trained, r.skipped) for r in records] == [(3, 3), (3, 3)]
+    assert hosts["b"].groups_done == 2 and hosts["a"].groups_done == 0
