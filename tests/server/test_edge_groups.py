@@ -7,6 +7,7 @@ brokers.)"""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -14,12 +15,14 @@ import pytest
 
 from device.data import read_leaf
 from device.errors import ProtocolError
-from device.protocol import LocalTraining
+from device.protocol import LocalTraining, Topics
 from server.backend import RoundRecord
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.edge.host import EdgeHost, EdgeSettings
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
+from server.edge.proxy import EdgeBook
+from server.execution.manager import GroupManager
 from server.fleet import leaf_writers
 from server.loopback import LoopbackBroker, LoopbackFleet
 from server.paths import ensure_model
@@ -36,21 +39,32 @@ def hierfavg() -> Strategy:
     return make_strategy("hierfavg", tau2=2, train=TrainConfig(1, 10, 0.05, max_steps=5))
 
 
-def run(tmp: Path, *, edge_hosts: bool, rounds: int = 4) -> tuple[Strategy, list[RoundRecord], list[EdgeHost]]:
-    """HierFAVG on the site's two edges: with their hosts running, or with both offline
-    (every group then runs at the coordinator)."""
+def fedgsp() -> Strategy:
+    return make_strategy("fedgsp", train=TrainConfig(1, 10, 0.05, max_steps=5))
+
+
+def run(
+    tmp: Path,
+    *,
+    edge_hosts: bool,
+    rounds: int = 4,
+    make: Callable[[], Strategy] = hierfavg,
+    edges: Mapping[str, tuple[str, ...]] = EDGES,
+) -> tuple[Strategy, list[RoundRecord], list[EdgeHost]]:
+    """``make()`` (HierFAVG) on the site's ``edges``: with their hosts running, or with
+    them offline (every group then runs at the coordinator)."""
     root = femnist_root()
     train, test = read_leaf(root / "train"), read_leaf(root / "test")
     fed = {d: (train[w], test[w]) for d, w in zip(IDS, leaf_writers(root, len(IDS)), strict=True)}
     broker, stop, hosts, threads = LoopbackBroker(), threading.Event(), [], []
-    config = CoordinatorConfig("edges", "", 0, tmp / "state", seed=3, deadline_s=60, edges=dict(EDGES))
-    for name, devices in EDGES.items() if edge_hosts else ():
+    config = CoordinatorConfig("edges", "", 0, tmp / "state", seed=3, deadline_s=60, edges=dict(edges))
+    for name, devices in edges.items() if edge_hosts else ():
         host = EdgeHost(EdgeSettings("edges", name, devices, "", 0), link_factory=broker.link)
         host.connect()
         threads.append(threading.Thread(target=host.serve, args=(stop,), daemon=True))
         threads[-1].start()
         hosts.append(host)
-    strategy = hierfavg()
+    strategy = make()
     try:
         with LoopbackFleet(broker, fed, run="edges", state_dir=tmp / "agents"):
             records = Coordinator(config, strategy, ensure_model("mlp_femnist"), link_factory=broker.link).run_rounds(
@@ -84,6 +98,22 @@ def test_hierfavg_through_edges_gives_the_central_runs_models(tmp_path: Path) ->
     )
     assert diff <= 1e-5
     assert not np.array_equal(edged.global_weights, hierfavg().global_weights)  # it trained
+
+
+@pytest.mark.slow
+def test_fedgsp_chains_behind_one_edge_give_the_central_runs_models(tmp_path: Path) -> None:
+    # Prepare, execute: one room holds every board, so each chain runs at its edge
+    one_room = {"a": tuple(IDS)}
+    edged, edged_records, (host,) = run(tmp_path / "edged", edge_hosts=True, make=fedgsp, edges=one_room, rounds=3)
+    central, _, _ = run(tmp_path / "central", edge_hosts=False, make=fedgsp, edges=one_room, rounds=3)
+
+    # Assert: every chain ran at the edge, every board trained, and the models are the
+    # central run's bit for bit (a chain's last model crosses unchanged)
+    chains = sum(len(r.groups) for r in edged_records)
+    assert host.groups_done == chains >= 3
+    assert all(r.skipped == 0 for r in edged_records)
+    assert edged.global_weights is not None and central.global_weights is not None
+    assert np.array_equal(edged.global_weights, central.global_weights)
 
 
 def test_a_group_mean_counts_as_one_member_with_its_members_samples() -> None:
@@ -163,3 +193,58 @@ def test_an_edge_that_never_answers_costs_only_its_rooms_groups(tmp_path: Path) 
     # Assert: both rounds ended; the silent edge's three boards were skipped, the others trained
     assert [(r.trained, r.skipped) for r in records] == [(3, 3), (3, 3)]
     assert hosts["b"].groups_done == 2 and hosts["a"].groups_done == 0
+
+
+def test_the_coordinator_sends_an_edge_the_start_model_once_and_again_when_it_lacks_it() -> None:
+    # Prepare: a book with one online edge, recording what the coordinator publishes
+    sent: list[str] = []
+
+    def publish(topic: str, data: bytes, retain: bool = False) -> None:
+        sent.append(topic)
+
+    book = EdgeBook({"a": frozenset(IDS[:3])}, Topics("edges"), publish, 60.0, 1 << 20, "fp32")
+    book.on_status("edge.a", b"online")
+    start = np.arange(10, dtype=np.float32)
+    group = GroupPlan(0, tuple(IDS[:3]), "parallel", "g0", mean_only=True)
+
+    def proxy(rnd: int) -> GroupManager:
+        made = book.manager_for(group, rnd, start, TrainConfig(), task_prefix="e", seed=1, hop=None, handoff="relay")
+        assert made is not None
+        made.start(0.0)
+        return made
+
+    # Execute, assert: round 2 sends the model and the task; round 3 (same start) the task alone
+    proxy(2)
+    assert sent == ["covey/edges/edge/a/models", "covey/edges/edge/a/tasks"]
+    sent.clear()
+    third = proxy(3)
+    assert sent == ["covey/edges/edge/a/tasks"]
+
+    # Execute, assert: the edge restarted and lacks it: the model and the task go again
+    sent.clear()
+    missing = EdgeReport(3, 0, "e", "missing_model", model="0" * 64)
+    assert third.on_edge("edge.a", missing, None, 1.0)
+    assert sent == ["covey/edges/edge/a/models", "covey/edges/edge/a/tasks"]
+
+    # Execute, assert: a report naming a board of the group twice, or another's, is refused
+    for members in ((EdgeMember(IDS[0], 5, 0.1), EdgeMember(IDS[0], 5, 0.1)), (EdgeMember(IDS[4], 5, 0.1),)):
+        with pytest.raises(ProtocolError, match="reported members"):
+            third.on_edge("edge.a", EdgeReport(3, 0, "e", "done", members), None, 1.0)
+    assert not third.done
+
+    # A group with a board behind no edge, or an edge offline, runs at the coordinator
+    assert (
+        book.manager_for(
+            GroupPlan(1, (IDS[0], IDS[4]), "parallel", "g1", mean_only=True),
+            3,
+            start,
+            TrainConfig(),
+            task_prefix="e",
+            seed=1,
+            hop=None,
+            handoff="relay",
+        )
+        is None
+    )
+    book.on_status("edge.a", b"offline")
+    assert book.manager_for(group, 4, start, TrainConfig(), task_prefix="e", seed=1, hop=None, handoff="relay") is None
