@@ -77,7 +77,8 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
             broker.kill()
             broker.wait(5)
     print(
-        f"edge {edge.name} stopped: {host.groups_done} groups run here; {host.relayed} messages relayed, "
+        f"edge {edge.name} stopped: {host.groups_done} groups run here from {host.models_received} start models "
+        f"received; {host.relayed} messages relayed, "
         f"{host.relayed_outputs} of them training outputs of groups run centrally",
         flush=True,
     )

@@ -128,6 +128,7 @@ class EdgeHost:
         self.relayed = 0
         self.relayed_outputs = 0  # of which training outputs (results and their models) of groups run centrally
         self.groups_done = 0
+        self.models_received = 0  # start models the coordinator had to send (the rest were held here)
 
     # -- the link ----------------------------------------------------------------------------
     def _lane_of(self, topic: str) -> str | None:
@@ -260,6 +261,7 @@ class EdgeHost:
 
     def _on_model(self, payload: Payload) -> None:
         weights = check_weights(payload, int(payload.array.shape[0]), None)
+        self.models_received += 1
         self._hold(weights)
         key = model_key(weights)
         for task_key_, task in list(self.pending.items()):

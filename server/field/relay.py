@@ -10,6 +10,10 @@ namespace, on loopback) and which forwards to the broker:
 * **loss**: a stream cannot lose bytes, TCP retransmits them; so a lost segment is a
   chunk held back one retransmission timeout (``rto_ms``, Linux's 200 ms minimum), with
   probability ``loss`` per chunk;
+* **bandwidth**: with ``rate_mbit``, each direction is one first-in first-out link of
+  that rate shared by every connection through the relay (a site's uplink that all its
+  boards' connections cross): a chunk leaves once the chunks read before it, on any
+  connection, have been sent, then takes ``latency_ms``;
 * **outage**: :meth:`Relay.outage` (or ``SIGUSR1`` to ``python -m server.field.relay``)
   closes every connection and refuses new ones for ``outage_s`` seconds, as a board
   that walks out of range.
@@ -47,10 +51,13 @@ class Impairment:
     jitter_ms: float = 0.0
     loss: float = 0.0
     rto_ms: float = 200.0
+    rate_mbit: float | None = None  # each direction's bandwidth, shared by every connection
 
     def __post_init__(self) -> None:
         if self.latency_ms < 0 or self.jitter_ms < 0 or self.rto_ms < 0:
             raise ValueError("latency, jitter and rto must be >= 0 ms")
+        if self.rate_mbit is not None and not self.rate_mbit > 0:
+            raise ValueError(f"rate must be above 0 Mbit/s, got {self.rate_mbit}")
         if not 0 <= self.loss < 1:
             raise ValueError(f"loss must be a fraction in [0, 1), got {self.loss}")
 
@@ -78,6 +85,9 @@ class Relay:
         self.rng = np.random.default_rng(seed)
         self.port = listen[1]
         self.connections = 0  # accepted so far
+        # bytes carried towards the target ("up") and back ("down"), every connection
+        self.carried = {"up": 0, "down": 0}
+        self._free_at = {"up": 0.0, "down": 0.0}  # when each direction's link is next idle
         self._down_until = 0.0
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,8 +155,8 @@ class Relay:
         self.connections += 1
         self._writers.update((writer, up_writer))
         pipes = [
-            asyncio.ensure_future(self._pipe(reader, up_writer)),
-            asyncio.ensure_future(self._pipe(up_reader, writer)),
+            asyncio.ensure_future(self._pipe(reader, up_writer, "up")),
+            asyncio.ensure_future(self._pipe(up_reader, writer, "down")),
         ]
         try:
             # a direction that fails (a reset) ends the connection both ways, as on a real link
@@ -168,8 +178,19 @@ class Relay:
             delay += imp.rto_ms  # a lost segment: the stream waits for its retransmission
         return delay / 1000.0
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Copy one direction, each chunk ``_delay_s`` after it was read, in order."""
+    def _sent_at(self, direction: str, nbytes: int) -> float:
+        """When a chunk of ``nbytes`` read now has crossed ``direction``'s link (now, if
+        the relay has no rate): after what was read before it, at the link's rate."""
+        now, rate = time.monotonic(), self.impairment.rate_mbit
+        self.carried[direction] += nbytes
+        if rate is None:
+            return now
+        done = max(now, self._free_at[direction]) + nbytes * 8 / (rate * 1e6)
+        self._free_at[direction] = done
+        return done
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, direction: str) -> None:
+        """Copy one direction, each chunk ``_delay_s`` after it crossed the link, in order."""
         queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(maxsize=64)  # 4 MiB in flight: backpressure
 
         async def deliver() -> None:
@@ -190,7 +211,8 @@ class Relay:
         try:
             while True:
                 data = await reader.read(CHUNK)
-                last = max(last, time.monotonic() + self._delay_s())  # never overtakes the chunk before
+                # never overtakes the chunk before
+                last = max(last, self._sent_at(direction, len(data)) + self._delay_s())
                 put = asyncio.ensure_future(queue.put((last, data)))
                 await asyncio.wait({put, sender}, return_when=asyncio.FIRST_COMPLETED)
                 if sender.done() and not put.done():  # the far side failed: nothing will drain the queue
@@ -212,13 +234,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--latency-ms", type=float, default=0.0, help="one-way delay added to each direction")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="uniform extra delay, 0..J ms")
     p.add_argument("--loss", type=float, default=0.0, help="chance per chunk of a retransmission wait (rto)")
+    p.add_argument("--rate-mbit", type=float, help="each direction's bandwidth, shared by all connections")
     p.add_argument("--outage-s", type=float, default=10.0, help="length of an outage SIGUSR1 starts")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         relay = Relay(
-            _split(args.listen), _split(args.to), Impairment(args.latency_ms, args.jitter_ms, args.loss), seed=args.seed
+            _split(args.listen),
+            _split(args.to),
+            Impairment(args.latency_ms, args.jitter_ms, args.loss, rate_mbit=args.rate_mbit),
+            seed=args.seed,
         )
     except ValueError as exc:
         print(f"relay: {exc}", file=sys.stderr)

@@ -118,3 +118,32 @@ def test_bad_impairments_are_refused() -> None:
         Impairment(loss=1.5)
     with pytest.raises(ValueError, match=">= 0"):
         Impairment(latency_ms=-1)
+
+
+def test_a_rated_relay_is_one_link_that_every_connection_shares() -> None:
+    # Prepare: a relay whose uplink carries 8 Mbit/s (1 MB a second)
+    relay = Relay(("127.0.0.1", 0), ("127.0.0.1", 9), Impairment(rate_mbit=8.0))
+
+    # Execute: two connections each hand it 1 MB at once, then a reply comes back
+    first = relay._sent_at("up", 1_000_000)
+    second = relay._sent_at("up", 1_000_000)
+    reply = relay._sent_at("down", 1000)
+
+    # Assert: the second waits for the first (one link), the other direction does not,
+    # and the bytes are counted per direction
+    assert second - first == pytest.approx(1.0, abs=0.01)
+    assert reply < first
+    assert relay.carried == {"up": 2_000_000, "down": 1000}
+
+
+def test_an_unrated_relay_counts_bytes_and_holds_nothing_back(echo_server: int) -> None:
+    relay = Relay(("127.0.0.1", 0), ("127.0.0.1", echo_server)).start()
+    try:
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=10) as c:
+            c.sendall(b"x" * 5000)
+            got = b""
+            while len(got) < 5000:
+                got += c.recv(65536)
+    finally:
+        relay.stop()
+    assert relay.carried == {"up": 5000, "down": 5000}

@@ -1,0 +1,218 @@
+"""``bench/edge.py``: what a site's edges save (issue 28), each strategy run twice on the
+same three-site site, through its edges and through the central broker only (the
+edges declared but not running: the strategy sees the same site, every group runs at
+the coordinator).
+
+The site is made by the real commands (``covey site init``, ``covey site add-edge`` for
+each site's edge), its brokers are real mosquittos (``covey broker run``, ``covey edge
+run``), the boards are agent processes with their bundles, and the coordinator is
+``covey server run --site``. Each site's uplink is a :class:`~server.field.relay.Relay`
+with a rate and a one-way latency (``--uplink-mbit``, ``--uplink-ms``; default 4 Mbit/s
+and 50 ms, as issue 28's topology), shared by everything the site sends to or gets
+from the centre: through the edges, the edge's bridge dials it; centrally, each of the
+site's boards does. The boards' own links to their edge are loopback (unshaped) in both
+runs. All of it runs on this machine's loopback, not in network namespaces: the
+relays stand for the shaped uplinks (rate and latency in userspace).
+
+Figures (central ÷ edge): ``edge_uplink_bytes_ratio_<strategy>`` (bytes on the uplinks,
+both directions) and ``edge_time_to_target_speedup_<strategy>`` (wall time until the
+server accuracy first reaches the lower of the two runs' best), with the runs' own
+figures beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from covey.cli import main
+from covey.paths import femnist_dir
+from server.broker import free_port, wait_for_port
+from server.field.relay import Impairment, Relay
+from server.fleet import leaf_writers, start_fleet
+
+REPO = Path(__file__).resolve().parent.parent
+STRATEGIES = {
+    "hierfavg": ("--strategy", "hierfavg", "--set", "tau2=2"),
+    "fedavgic": ("--strategy", "fedavg_ic", "--set", "n_groups=3", "--set", "tau2=2"),
+    "fedgsp": (
+        "--strategy",
+        "fedgsp",
+    ),
+}
+
+
+def covey(*argv: str, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "covey.cli", *argv],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def wait_for_line(log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"{text!r} not in {log} within {timeout} s:\n{log.read_text(errors='replace')[-2000:]}")
+
+
+def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in reversed(procs):
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def one_run(
+    work: Path, strategy: str, *, edges: bool, sites: int, boards: int, rounds: int, uplink: Impairment
+) -> dict[str, Any]:
+    """One run of ``strategy``; returns its uplink bytes, its rounds and its wall times."""
+    names = [f"s{k}" for k in range(1, sites + 1)]
+    members = {s: [f"{s}-{i}" for i in range(1, boards + 1)] for s in names}
+    devices = [d for s in names for d in members[s]]
+    site = work / "site"
+    port = free_port()
+    argv = ["site", "init", str(site), "--host", "localhost", "--ip", "127.0.0.1", "--run", "edgebench"]
+    assert main([*argv, "--port", str(port), "--loopback-port", str(free_port()), "--devices", *devices]) == 0
+    at_start: dict[str, int] = {}
+    relays = {s: Relay(("127.0.0.1", 0), ("127.0.0.1", port), uplink, seed=k).start() for k, s in enumerate(names)}
+    for s in names:
+        # both runs declare the edges, so the strategy sees the same site (HierFAVG groups
+        # by edge); centrally no edge runs, and each board dials the centre over its uplink
+        argv = ["site", "add-edge", str(site), s, "--host", "localhost", "--ip", "127.0.0.1"]
+        edge_port = free_port()
+        assert main([*argv, "--port", str(edge_port), "--devices", *members[s]]) == 0
+        if edges:
+            conf = site / "edges" / s / "broker" / "mosquitto.conf"  # the bridge dials the site's uplink
+            conf.write_text(
+                conf.read_text().replace(f"address localhost:{port}", f"address localhost:{relays[s].port}")
+            )
+        else:
+            for d in members[s]:
+                toml = site / "devices" / d / "device.toml"
+                toml.write_text(toml.read_text().replace(f"localhost:{edge_port}", f"localhost:{relays[s].port}"))
+    procs = [covey("broker", "run", "--site", str(site), log=work / "central.log")]
+    try:
+        wait_for_port("127.0.0.1", port, 20, procs[0])
+        for s in names if edges else ():
+            procs.append(covey("edge", "run", "--site", str(site), "--edge", s, log=work / f"edge-{s}.log"))
+            wait_for_line(work / f"edge-{s}.log", f"edge {s}: group managers for", 60)
+        root = femnist_dir()
+        with start_fleet(
+            root,
+            leaf_writers(root, len(devices)),
+            run="",
+            host="",
+            port=0,
+            configs=[site / "devices" / d / "device.toml" for d in devices],
+            device_ids=devices,
+            log_dir=work / "boards",
+        ):
+            state = work / "state"
+            # the uplinks' bytes from round 1's plan on (the coordinator journals it): what
+            # registration, the model download and the link measurement carried is left out
+            first = threading.Thread(target=snapshot_at_first_plan, args=(state, relays, at_start), daemon=True)
+            first.start()
+            code = main(
+                [
+                    *("server", "run", "--site", str(site), *STRATEGIES[strategy], "--rounds", str(rounds)),
+                    *("--min-devices", str(len(devices)), "--eval-data", str(root), "--state-dir", str(state)),
+                    *("--register-timeout", "300", "--deadline", "300", "--links-every", "0"),
+                ]
+            )
+            if code != 0:
+                raise RuntimeError(f"covey server run ended with {code}")
+    finally:
+        stop(procs)
+        for r in relays.values():
+            r.stop()
+    edge_logs = " ".join((work / f"edge-{s}.log").read_text(errors="replace") for s in names if edges)
+    at_edges = sum(int(n) for n in re.findall(r"stopped: (\d+) groups run here", edge_logs))
+    rows = json.loads((state / "results.json").read_text())["rounds"]
+    return {
+        "bytes": sum(r.carried["up"] + r.carried["down"] for r in relays.values()) - at_start["bytes"],
+        "accuracy": [float(r["server_accuracy"]) for r in rows],
+        "wall_s": [float(r["wall_s"]) for r in rows],
+        "groups_at_edges": at_edges,
+        "groups": sum(len(r["groups"]) for r in rows),
+    }
+
+
+def snapshot_at_first_plan(state: Path, relays: dict[str, Relay], out: dict[str, int], timeout: float = 900) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if state.is_dir() and any(state.glob("journal*")):
+            break
+        time.sleep(0.02)
+    out["bytes"] = sum(r.carried["up"] + r.carried["down"] for r in relays.values())
+
+
+def time_to(target: float, run: dict[str, Any]) -> float:
+    elapsed = 0.0
+    for acc, wall in zip(run["accuracy"], run["wall_s"], strict=True):
+        elapsed += wall
+        if acc >= target:
+            return elapsed
+    return float("inf")
+
+
+def main_bench(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--strategies", default=",".join(STRATEGIES), help="of " + ", ".join(STRATEGIES))
+    p.add_argument("--sites", type=int, default=3)
+    p.add_argument("--boards", type=int, default=4, help="boards per site")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--uplink-mbit", type=float, default=4.0)
+    p.add_argument("--uplink-ms", type=float, default=50.0, help="one-way latency of each uplink")
+    args = p.parse_args(argv)
+    uplink = Impairment(latency_ms=args.uplink_ms, rate_mbit=args.uplink_mbit)
+    for strategy in args.strategies.split(","):
+        runs = {}
+        for edges in (True, False):
+            with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
+                os.chmod(tmp, 0o755)  # mosquitto (its own user) reads the site's files
+                runs[edges] = one_run(
+                    Path(tmp),
+                    strategy,
+                    edges=edges,
+                    sites=args.sites,
+                    boards=args.boards,
+                    rounds=args.rounds,
+                    uplink=uplink,
+                )
+        edge, central = runs[True], runs[False]
+        target = min(max(edge["accuracy"]), max(central["accuracy"]))
+        at_edges = f"{edge['groups_at_edges']} of {edge['groups']}"
+        print(f"{strategy}: target accuracy {target:.3f}; groups run at edges {at_edges}")
+        for name, run in (("edge", edge), ("central", central)):
+            print(
+                f"  {name}: {run['bytes'] / 1e6:.1f} MB on the uplinks, rounds {sum(run['wall_s']):.1f} s, "
+                f"to target {time_to(target, run):.1f} s, accuracy by round "
+                + " ".join(f"{a:.3f}" for a in run["accuracy"])
+            )
+        print(f"figure edge_uplink_bytes_ratio_{strategy} = {central['bytes'] / edge['bytes']:.2f}")
+        print(f"figure edge_time_to_target_speedup_{strategy} = {time_to(target, central) / time_to(target, edge):.2f}")
+        print(f"figure edge_groups_at_edges_{strategy} = {edge['groups_at_edges']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main_bench())
