@@ -337,8 +337,10 @@ def screen_results(
                     out[u.index] = _scale(out[u.index], u, start, factor)
                 # history keeps at most the reference: an update accepted above it (clipped or
                 # not) cannot raise the next round's reference, so a device in every round's
-                # only chain cannot ratchet it up by 3x a round
-                accepted[kind].append(min(u.norm, ref) if np.isfinite(ref) else u.norm)
+                # only chain cannot ratchet it up by 3x a round; an edge's group mean is no
+                # member's update (averaging shrinks it), so it stays out of the history
+                if not u.group_mean:
+                    accepted[kind].append(min(u.norm, ref) if np.isfinite(ref) else u.norm)
     return Screened(out, rejections, clipped, accepted, max(ratios, default=float("nan")))
 
 

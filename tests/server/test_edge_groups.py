@@ -248,3 +248,25 @@ def test_the_coordinator_sends_an_edge_the_start_model_once_and_again_when_it_la
     )
     book.on_status("edge.a", b"offline")
     assert book.manager_for(group, 4, start, TrainConfig(), task_prefix="e", seed=1, hop=None, handoff="relay") is None
+
+
+def test_group_means_do_not_lower_the_bound_members_are_held_to_later() -> None:
+    # Prepare: a round whose groups all ran at edges (their means are shorter than any
+    # member's update: averaging shrinks them)
+    start = np.zeros(50, np.float32)
+    plan = RoundPlan(
+        3, tuple(GroupPlan(g, (f"d{g}a", f"d{g}b"), "parallel", "m", mean_only=True) for g in range(3)), {"m": start}
+    )
+    results = [
+        GroupResult(
+            g, (MemberResult(f"d{g}a", 10, 1.0), MemberResult(f"d{g}b", 10, 1.0)), group_mean=start + 0.01 * (g + 1)
+        )
+        for g in range(3)
+    ]
+
+    # Execute
+    screened = screen_results(plan, results, ScreeningConfig())
+
+    # Assert: every mean kept, and none of them entered the members' history
+    assert not screened.rejections and all(r.group_mean is not None for r in screened.results)
+    assert screened.accepted["member"] == []
