@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -38,10 +39,13 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
                 f"{path} is missing; copy the site's edges/{edge.name}/ here from where `covey site add-edge` made it"
             )
     logging.getLogger("covey.edge").setLevel(logging.INFO)  # a line per group: what its operator reads
-    # the room's broker: `covey broker run --edge`, as a child that never outlives this command
+    state_dir = Path(args.state_dir) if args.state_dir else edge_dir(site.layout, edge.name) / "state"
+    # the room's broker: `covey broker run --edge`, as a child that never outlives this
+    # command (killed with it too: a restarted edge finds its port free)
     broker = subprocess.Popen(
         [sys.executable, "-m", "covey.cli", "broker", "run", "--site", args.site, "--edge", edge.name],
         env={**os.environ},
+        preexec_fn=_stop_with_parent,
     )
     stop = threading.Event()
 
@@ -58,11 +62,15 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
             edge.port,
             password=password_file.read_text().strip(),
             tls=TlsFiles(str(ca)),
+            state_dir=state_dir,
         )
     )
     try:
         wait_for_port(edge.ips[0] if edge.ips else edge.hosts[0], edge.port, 30, broker)
         host.connect()
+        host.resume()
+        if host.resumed:
+            print(f"edge {edge.name}: took up {host.resumed} groups again from {state_dir}", flush=True)
         print(f"edge {edge.name}: group managers for {', '.join(edge.devices)} on port {edge.port}", flush=True)
         host.serve(stop)
     finally:
@@ -85,6 +93,13 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
     return 0 if broker.returncode == 0 else 1
 
 
+def _stop_with_parent() -> None:
+    """In the broker's process before it runs: SIGTERM when this command's process ends,
+    however it ends (Linux's PR_SET_PDEATHSIG)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     edge = sub.add_parser("edge", help="a site's edge: one room's broker and its group managers")
     edge_sub = edge.add_subparsers(dest="edge_command", required=True, metavar="ACTION")
@@ -97,4 +112,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("--site", required=True, metavar="DIR", help="the site folder (or a copy with edges/NAME/)")
     p.add_argument("--edge", required=True, metavar="NAME", help="the edge, as `covey site add-edge` named it")
+    p.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="where the edge keeps the groups it runs, to take them up again after a restart "
+        "(default: the site's edges/NAME/state)",
+    )
     p.set_defaults(func=_cmd_edge_run)

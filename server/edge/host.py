@@ -25,6 +25,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -47,6 +48,7 @@ from device.transport import Link, LinkFactory
 from server.aggregation.fedavg import weighted_average
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
 from server.edge.proxy import HELD_MODELS, edge_topics, edge_user, model_key
+from server.edge.state import EdgeState
 from server.execution.manager import GroupManager
 from server.execution.ports import PolledBus
 from server.execution.round import ExecutionSettings, RoundExecution
@@ -72,6 +74,7 @@ class EdgeSettings:
     password: str | None = None
     tls: TlsFiles | None = None
     max_chunk: int = 900_000
+    state_dir: Path | None = None  # where the edge keeps its tasks (server/edge/state.py); None: nowhere
 
 
 @dataclass
@@ -129,6 +132,8 @@ class EdgeHost:
         self.relayed_outputs = 0  # of which training outputs (results and their models) of groups run centrally
         self.groups_done = 0
         self.models_received = 0  # start models the coordinator had to send (the rest were held here)
+        self.state = EdgeState(s.state_dir) if s.state_dir is not None else None
+        self.resumed = 0  # tasks taken up again from the state after a restart
 
     # -- the link ----------------------------------------------------------------------------
     def _lane_of(self, topic: str) -> str | None:
@@ -144,6 +149,34 @@ class EdgeHost:
         self.link.subscribe(f"{root}/from/+/results", f"{root}/from/+/frames", self.tasks_topic, self.models_topic)
         self._publish(self.status_topic, b"online", True)
         log.info("edge %s: managing groups of %s for run %s", self.settings.name, ", ".join(sorted(self.devices)), root)
+
+    def resume(self) -> None:
+        """Take up what the edge was doing before it stopped (``state_dir``): its finished
+        reports, for a coordinator that asks again, and its tasks, started again with the
+        same task ids (the members that had trained deliver the results they hold)."""
+        if self.state is None:
+            return
+        tasks, finished = self.state.load()
+        for report, model in finished:
+            self.finished[report.key] = (encode_edge(report, self.settings.run), model, report)
+        for task in tasks:
+            start = self.state.load_model(task.model)
+            self.resumed += 1
+            log.info("round %d group %d: taken up again after a restart", task.round, task.group_id)
+            if start is None:
+                self._on_task_without_model(task)
+            else:
+                self._hold(start)
+                self._start(task, start)
+
+    def _persist(self) -> None:
+        if self.state is None:
+            return
+        tasks = [r.task for r in self.running.values()] + list(self.pending.values())
+        finished = [
+            (report, None if model is None else model_key(model)) for _, model, report in self.finished.values()
+        ]
+        self.state.save(tasks, finished)
 
     def close(self) -> None:
         if self.link.connected:
@@ -253,11 +286,17 @@ class EdgeHost:
             return
         start = self.models.get(task.model)
         if start is None:
-            self.pending[key] = task
-            report = EdgeReport(task.round, task.group_id, task.task_prefix, "missing_model", model=task.model)
-            self._publish(self.topics.results(self.user), encode_edge(report, self.settings.run))
+            self._on_task_without_model(task)
             return
         self._start(task, start)
+
+    def _on_task_without_model(self, task: EdgeTask) -> None:
+        """Wait for the start model, and ask the coordinator for it (it sends it with the
+        task unless it believes the edge holds it)."""
+        self.pending[task.key] = task
+        self._persist()
+        report = EdgeReport(task.round, task.group_id, task.task_prefix, "missing_model", model=task.model)
+        self._publish(self.topics.results(self.user), encode_edge(report, self.settings.run))
 
     def _on_model(self, payload: Payload) -> None:
         weights = check_weights(payload, int(payload.array.shape[0]), None)
@@ -297,6 +336,9 @@ class EdgeHost:
         )
         self.execution.managers.append(manager)
         self.running[task.key] = _Running(task, manager, int(start.shape[0]))
+        if self.state is not None:
+            self.state.save_model(start)
+            self._persist()
         manager.start(time.monotonic())
         log.info("round %d group %d: %d members, run here", task.round, task.group_id, len(task.members))
 
@@ -334,6 +376,9 @@ class EdgeHost:
         self.finished[key] = (data, model, report)
         while len(self.finished) > REPORTS_KEPT:
             self.finished.popitem(last=False)
+        if self.state is not None and model is not None:
+            self.state.save_model(model)
+        self._persist()  # before it is sent: a report sent is a report the edge can send again
         self._send_report(data, model, report)
 
     def _send_report(self, data: bytes, model: np.ndarray | None, report: EdgeReport) -> None:

@@ -14,14 +14,15 @@ import numpy as np
 import pytest
 
 from device.data import read_leaf
-from device.errors import ProtocolError
+from device.errors import ConfigError, ProtocolError
 from device.protocol import LocalTraining, Topics
 from server.backend import RoundRecord
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.edge.host import EdgeHost, EdgeSettings
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
-from server.edge.proxy import EdgeBook
+from server.edge.proxy import EdgeBook, model_key
+from server.edge.state import EdgeState
 from server.execution.manager import GroupManager
 from server.fleet import leaf_writers
 from server.loopback import LoopbackBroker, LoopbackFleet
@@ -270,3 +271,29 @@ def test_group_means_do_not_lower_the_bound_members_are_held_to_later() -> None:
     # Assert: every mean kept, and none of them entered the members' history
     assert not screened.rejections and all(r.group_mean is not None for r in screened.results)
     assert screened.accepted["member"] == []
+
+
+def test_an_edges_state_comes_back_whole_and_refuses_what_was_altered(tmp_path: Path) -> None:
+    # Prepare: a task in flight and a finished report, with their models
+    state = EdgeState(tmp_path / "state")
+    start, done = np.arange(8, dtype=np.float32), np.ones(8, np.float32)
+    task = EdgeTask(
+        2, 0, ("a", "b"), "chain", "e1", LocalTraining(1, 10, 0.01), 60.0, 3, 900_000, "relay", model_key(start)
+    )
+    report = EdgeReport(1, 0, "e0", "done", (EdgeMember("a", 5, 0.5),), model=model_key(done))
+    state.save_model(start)
+    state.save_model(done)
+    state.save([task], [(report, model_key(done))])
+
+    # Execute, assert: what was saved comes back, models checked against their names
+    tasks, finished = EdgeState(tmp_path / "state").load()
+    assert tasks == [task]
+    assert finished[0][0] == report and np.array_equal(finished[0][1], done)
+    assert np.array_equal(state.load_model(task.model), start)
+
+    # Execute, assert: a model file altered by hand is left out; a broken list is refused
+    np.save(tmp_path / "state" / "models" / f"{task.model}.npy", start + 1, allow_pickle=False)
+    assert state.load_model(task.model) is None
+    (tmp_path / "state" / "edge.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="remove it to start the edge afresh"):
+        state.load()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -123,10 +126,17 @@ def wait_for_line(log: Path, text: str, timeout: float, proc: subprocess.Popen[b
     raise AssertionError(f"{text!r} not in {log} within {timeout} s: {log.read_text(errors='replace')[-1500:]}")
 
 
-def run_site_with_edge(site_parent: Path, tmp_path: Path, *learning: str) -> tuple[int, list[dict[str, Any]], str]:
+Fault = Callable[[Path, list["subprocess.Popen[bytes]"]], None]
+
+
+def run_site_with_edge(
+    site_parent: Path, tmp_path: Path, *learning: str, fault: Fault | None = None
+) -> tuple[int, list[dict[str, Any]], str]:
     """The site and its edge as docs/site-guide.md ("More than one room") makes and runs them,
     every board with its bundle, and ``covey server run --site DIR *learning`` at the centre.
-    Returns the server's exit status, its rounds (results.json) and the edge's log."""
+    ``fault(tmp_path, processes)`` runs beside the run once the edge is up (it may replace
+    the edge's process, ``processes[1]``). Returns the server's exit status, its rounds
+    (results.json) and the edge's log (every one it wrote, in order)."""
     site = init(site_parent / "site", *ROOM, *OTHERS)
     edge_port = free_port()
     assert add_edge(site.layout.root, edge_port) == 0
@@ -137,6 +147,9 @@ def run_site_with_edge(site_parent: Path, tmp_path: Path, *learning: str) -> tup
         wait_for_port("127.0.0.1", site.spec.port, 15, brokers[0])
         brokers.append(broker_run(site.layout.root, tmp_path / "edge.log", "--edge", "lab"))
         wait_for_line(tmp_path / "edge.log", "edge lab: group managers for lab-1, lab-2", 30, brokers[1])
+        faulty = threading.Thread(target=fault, args=(tmp_path, brokers), daemon=True) if fault else None
+        if faulty is not None:
+            faulty.start()
         with start_fleet(
             root,
             leaf_writers(root, len(devices)),
@@ -160,7 +173,9 @@ def run_site_with_edge(site_parent: Path, tmp_path: Path, *learning: str) -> tup
                 proc.wait(15)
             except subprocess.TimeoutExpired:
                 proc.kill()
-    edge_log = (tmp_path / "edge.log").read_text(errors="replace")
+    if faulty is not None:
+        faulty.join(30)
+    edge_log = "".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("edge*.log")))
     assert code == 0, edge_log[-2000:]
     for device in ROOM:
         log = (tmp_path / f"{device}.log").read_text()
@@ -207,6 +222,49 @@ def test_hierfavg_runs_the_rooms_group_at_its_edge(site_parent: Path, tmp_path: 
     assert "0 of them training outputs of groups run centrally" in edge_log, edge_log[-3000:]
     for rnd in (1, 2, 3):
         assert f"round {rnd} group 0: done, 2 trained, 0 skipped; its model sent up" in edge_log, edge_log[-3000:]
+
+
+def restart_the_edge_mid_round(tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:
+    """Kill ``covey edge run`` (SIGKILL: no clean stop) once round 2 runs at the edge and a
+    board of its group has trained, then start it again."""
+    edge_log = tmp_path / "edge.log"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        boards = "".join(
+            (tmp_path / f"{d}.log").read_text(errors="replace") for d in ROOM if (tmp_path / f"{d}.log").exists()
+        )
+        if "round 2 group 0: 2 members, run here" in edge_log.read_text(errors="replace") and re.search(
+            r"lab-\d: round 2 group 0 position \d trained", boards
+        ):
+            break
+        time.sleep(0.05)
+    else:
+        return  # the run's own assertions say what went wrong
+    processes[1].kill()
+    processes[1].wait(15)
+    site = Path(processes[1].args[processes[1].args.index("--site") + 1])  # type: ignore[union-attr]
+    processes[1] = broker_run(site, tmp_path / "edge-restarted.log", "--edge", "lab")
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+def test_a_restarted_edge_takes_up_its_group_and_loses_no_contribution(site_parent: Path, tmp_path: Path) -> None:
+    # Prepare, execute: HierFAVG whose members train a few hundred steps, the edge killed
+    # mid-round 2 after a member trained, and started again
+    _, rounds, edge_log = run_site_with_edge(
+        site_parent,
+        tmp_path,
+        *("--strategy", "hierfavg", "--set", "tau2=2", "--set", "tau1=300", "--epochs", "20", "--rounds", "3"),
+        fault=restart_the_edge_mid_round,
+    )
+
+    # Assert: the restarted edge took the group up again; every round trained every board,
+    # none skipped: the member that had trained delivered the result it held
+    assert "edge lab: took up 1 groups again from" in edge_log, edge_log[-3000:]
+    assert [r["round"] for r in rounds] == [1, 2, 3]
+    assert all(r["trained"] == 3 and r["skipped"] == 0 for r in rounds), rounds
+    held = "".join((tmp_path / f"{d}.log").read_text(errors="replace") for d in ROOM)
+    assert re.search(r"delivered the held result of \S+-r2-g0-p\d again", held), held[-3000:]
 
 
 @pytest.mark.broker
