@@ -14,6 +14,10 @@ site's boards does. The boards' own links to their edge are loopback (unshaped) 
 runs. All of it runs on this machine's loopback, not in network namespaces: the
 relays stand for the shaped uplinks (rate and latency in userspace).
 
+``--equivalence`` instead compares the simulator, told the same site, with 6 boards
+through 2 edges in one process (:func:`server.lab.edges.sim_vs_edges`):
+``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP.
+
 Figures (central ÷ edge): ``edge_uplink_bytes_ratio_<strategy>`` (bytes on the uplinks,
 both directions) and ``edge_time_to_target_speedup_<strategy>`` (wall time until the
 server accuracy first reaches the lower of the two runs' best), with the runs' own
@@ -174,6 +178,31 @@ def time_to(target: float, run: dict[str, Any]) -> float:
     return float("inf")
 
 
+def equivalence(rounds: int) -> int:
+    from server.lab.edges import federation, sim_vs_edges
+    from server.paths import ensure_model
+    from server.strategies import make_strategy
+    from server.strategies.base import TrainConfig
+
+    ids = [f"dev{i:03d}" for i in range(6)]
+    edges = {"a": tuple(ids[:3]), "b": tuple(ids[3:])}
+    train = TrainConfig(1, 10, 0.05, max_steps=5)
+    makers = {"hierfavg": {"tau2": 2}, "fedgsp": {}}
+    for name, params in makers.items():
+        with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
+            diff, hosts = sim_vs_edges(
+                lambda: make_strategy(name, train=train, **params),  # noqa: B023 (called at once)
+                federation(femnist_dir(), ids),
+                ensure_model("mlp_femnist"),
+                Path(tmp),
+                edges=edges,
+                rounds=rounds,
+            )
+        print(f"{name}: {sum(h.groups_done for h in hosts)} groups run at the 2 edges over {rounds} rounds")
+        print(f"figure sim_edge_max_abs_diff_{name} = {diff:.3g}")
+    return 0
+
+
 def main_bench(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="of " + ", ".join(STRATEGIES))
@@ -182,7 +211,10 @@ def main_bench(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--uplink-mbit", type=float, default=4.0)
     p.add_argument("--uplink-ms", type=float, default=50.0, help="one-way latency of each uplink")
+    p.add_argument("--equivalence", action="store_true", help="the simulator against the edges instead")
     args = p.parse_args(argv)
+    if args.equivalence:
+        return equivalence(args.rounds)
     uplink = Impairment(latency_ms=args.uplink_ms, rate_mbit=args.uplink_mbit)
     for strategy in args.strategies.split(","):
         runs = {}

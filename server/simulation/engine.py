@@ -106,6 +106,8 @@ class VirtualDevices:
     codec : how models travel (``fp32``, ``fp16``, ``int8``, ``int4``; module docstring).
     handoff : chain hand-offs as the coordinator's ``--handoff`` (``auto``, ``direct``,
         ``relay``, ``mixed``; :mod:`server.execution.round`).
+    edges : a site's edges (name -> devices behind it), offered to strategies as on
+        boards (HierFAVG groups by them); every group still runs in this process.
     """
 
     def __init__(
@@ -122,7 +124,9 @@ class VirtualDevices:
         faults: Faults | None = None,
         codec: WireCodec = "fp32",
         handoff: Handoff = "auto",
+        edges: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
+        self._site_edges = {d: name for name, devices in (edges or {}).items() for d in devices}
         if worker_kind not in WORKER_KINDS:
             raise ValueError(f"worker_kind must be one of {WORKER_KINDS}, got {worker_kind!r}")
         self.faults = faults or Faults()
@@ -255,7 +259,7 @@ class VirtualDevices:
         return self._distance
 
     def site_edges(self) -> dict[str, str]:
-        return {}  # simulated sites have no edges yet
+        return dict(self._site_edges)
 
     def round_stats(self) -> RoundStats:
         wire, self.bus.wire = self.bus.wire, {"down": 0, "up": 0, "peer": 0}
@@ -296,6 +300,7 @@ class Simulation:
         ``--eval-data``), one entry of screening's reference.
     codec : how models travel (see :class:`VirtualDevices`).
     handoff : chain hand-offs (see :class:`VirtualDevices`).
+    edges : a site's edges (see :class:`VirtualDevices`).
     """
 
     def __init__(
@@ -319,6 +324,7 @@ class Simulation:
         reference: ServerNorm | None = None,
         codec: WireCodec = "fp32",
         handoff: Handoff = "auto",
+        edges: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.strategy = strategy
         self.devices = VirtualDevices(
@@ -333,6 +339,7 @@ class Simulation:
             faults=faults,
             codec=codec,
             handoff=handoff,
+            edges=edges,
         )
         self.driver = RoundDriver(
             strategy,

@@ -25,6 +25,7 @@ from server.edge.proxy import EdgeBook, model_key
 from server.edge.state import EdgeState
 from server.execution.manager import GroupManager
 from server.fleet import leaf_writers
+from server.lab.edges import federation, max_abs_diff, run_with_edges, sim_vs_edges
 from server.loopback import LoopbackBroker, LoopbackFleet
 from server.paths import ensure_model
 from server.screening import ScreeningConfig, screen_results
@@ -54,29 +55,16 @@ def run(
 ) -> tuple[Strategy, list[RoundRecord], list[EdgeHost]]:
     """``make()`` (HierFAVG) on the site's ``edges``: with their hosts running, or with
     them offline (every group then runs at the coordinator)."""
-    root = femnist_root()
-    train, test = read_leaf(root / "train"), read_leaf(root / "test")
-    fed = {d: (train[w], test[w]) for d, w in zip(IDS, leaf_writers(root, len(IDS)), strict=True)}
-    broker, stop, hosts, threads = LoopbackBroker(), threading.Event(), [], []
-    config = CoordinatorConfig("edges", "", 0, tmp / "state", seed=3, deadline_s=60, edges=dict(edges))
-    for name, devices in edges.items() if edge_hosts else ():
-        host = EdgeHost(EdgeSettings("edges", name, devices, "", 0), link_factory=broker.link)
-        host.connect()
-        threads.append(threading.Thread(target=host.serve, args=(stop,), daemon=True))
-        threads[-1].start()
-        hosts.append(host)
     strategy = make()
-    try:
-        with LoopbackFleet(broker, fed, run="edges", state_dir=tmp / "agents"):
-            records = Coordinator(config, strategy, ensure_model("mlp_femnist"), link_factory=broker.link).run_rounds(
-                len(IDS), rounds
-            )
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(10)
-        for host in hosts:
-            host.close()
+    records, hosts = run_with_edges(
+        strategy,
+        federation(femnist_root(), IDS),
+        ensure_model("mlp_femnist"),
+        tmp,
+        edges=edges,
+        edge_hosts=edge_hosts,
+        rounds=rounds,
+    )
     return strategy, records, hosts
 
 
@@ -90,14 +78,7 @@ def test_hierfavg_through_edges_gives_the_central_runs_models(tmp_path: Path) ->
     # models are the central run's (fp32: the means differ only by rounding)
     assert [h.groups_done for h in hosts] == [4, 4]
     assert all(r.trained == 6 and r.skipped == 0 for r in edged_records + central_records)
-    assert edged.global_weights is not None and central.global_weights is not None
-    diff = max(
-        float(np.max(np.abs(a.astype(np.float64) - b)))
-        for a, b in zip(
-            [edged.global_weights, *edged.group_models], [central.global_weights, *central.group_models], strict=True
-        )
-    )
-    assert diff <= 1e-5
+    assert max_abs_diff(edged, central) <= 1e-5
     assert not np.array_equal(edged.global_weights, hierfavg().global_weights)  # it trained
 
 
@@ -115,6 +96,19 @@ def test_fedgsp_chains_behind_one_edge_give_the_central_runs_models(tmp_path: Pa
     assert all(r.skipped == 0 for r in edged_records)
     assert edged.global_weights is not None and central.global_weights is not None
     assert np.array_equal(edged.global_weights, central.global_weights)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [hierfavg, fedgsp], ids=["hierfavg", "fedgsp"])
+def test_the_simulator_given_the_site_gives_the_edges_models(make: Callable[[], Strategy], tmp_path: Path) -> None:
+    # Prepare, execute: the simulator told the site's edges, and the boards through them
+    diff, hosts = sim_vs_edges(
+        make, federation(femnist_root(), IDS), ensure_model("mlp_femnist"), tmp_path, edges=EDGES, rounds=3
+    )
+
+    # Assert: the groups ran at the edges and the models agree (fp32: the means by rounding)
+    assert sum(h.groups_done for h in hosts) > 0
+    assert diff <= 1e-5
 
 
 def test_a_group_mean_counts_as_one_member_with_its_members_samples() -> None:
