@@ -14,6 +14,12 @@ site's boards does. The boards' own links to their edge are loopback (unshaped) 
 runs. All of it runs on this machine's loopback, not in network namespaces: the
 relays stand for the shaped uplinks (rate and latency in userspace).
 
+``--faults`` instead runs HierFAVG through the edges for 3 rounds twice: the first
+site's ``covey edge run`` killed (SIGKILL) once a board of its round-2 group trained,
+then started again; and the first site's uplink cut for a minute once its round-2 group
+runs. ``edge_restart_lost_contributions`` and ``edge_uplink_cut_lost_contributions``:
+boards that logged a round's training whose result that round's models do not hold.
+
 ``--equivalence`` instead compares the simulator, told the same site, with 6 boards
 through 2 edges in one process (:func:`server.lab.edges.sim_vs_edges`):
 ``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP.
@@ -36,6 +42,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +93,36 @@ def stop(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
+@dataclass
+class Scene:
+    """What a fault may act on while a run goes: its folder, the site, the uplinks and
+    the processes (the central broker first, then each site's edge in order)."""
+
+    work: Path
+    site: Path
+    names: list[str]
+    relays: dict[str, Relay]
+    procs: list[subprocess.Popen[bytes]]
+
+
+Fault = Callable[[Scene], None]
+
+
 def one_run(
-    work: Path, strategy: str, *, edges: bool, sites: int, boards: int, rounds: int, uplink: Impairment
+    work: Path,
+    strategy: str,
+    *,
+    edges: bool,
+    sites: int,
+    boards: int,
+    rounds: int,
+    uplink: Impairment,
+    learning: tuple[str, ...] = (),
+    fault: Fault | None = None,
 ) -> dict[str, Any]:
-    """One run of ``strategy``; returns its uplink bytes, its rounds and its wall times."""
+    """One run of ``strategy`` (with ``learning``'s extra flags, and ``fault`` beside it
+    once the edges are up); returns its uplink bytes, its rounds, its wall times and the
+    contributions lost (boards that logged a round's training its models do not hold)."""
     names = [f"s{k}" for k in range(1, sites + 1)]
     members = {s: [f"{s}-{i}" for i in range(1, boards + 1)] for s in names}
     devices = [d for s in names for d in members[s]]
@@ -135,9 +169,14 @@ def one_run(
             # registration, the model download and the link measurement carried is left out
             first = threading.Thread(target=snapshot_at_first_plan, args=(state, relays, at_start), daemon=True)
             first.start()
+            scene = Scene(work, site, names, relays, procs)
+            faulty = threading.Thread(target=fault, args=(scene,), daemon=True) if fault else None
+            if faulty is not None:
+                faulty.start()
             code = main(
                 [
-                    *("server", "run", "--site", str(site), *STRATEGIES[strategy], "--rounds", str(rounds)),
+                    *("server", "run", "--site", str(site), *STRATEGIES[strategy], *learning),
+                    *("--rounds", str(rounds)),
                     *("--min-devices", str(len(devices)), "--eval-data", str(root), "--state-dir", str(state)),
                     *("--register-timeout", "300", "--deadline", "300", "--links-every", "0"),
                 ]
@@ -148,16 +187,81 @@ def one_run(
         stop(procs)
         for r in relays.values():
             r.stop()
-    edge_logs = " ".join((work / f"edge-{s}.log").read_text(errors="replace") for s in names if edges)
+    edge_logs = " ".join(p.read_text(errors="replace") for p in sorted(work.glob("edge-*.log")))
     at_edges = sum(int(n) for n in re.findall(r"stopped: (\d+) groups run here", edge_logs))
     rows = json.loads((state / "results.json").read_text())["rounds"]
+    boards_said = "".join(p.read_text(errors="replace") for p in (work / "boards").glob("*.log"))
+    trained = {(d, int(r)) for d, r in TRAINED.findall(boards_said)}
+    held = {(d, int(r["round"])) for r in rows for d in r["trained_ids"]}
     return {
+        "lost": len(trained - held),
+        "skipped": sum(int(r["skipped"]) for r in rows),
         "bytes": sum(r.carried["up"] + r.carried["down"] for r in relays.values()) - at_start["bytes"],
         "accuracy": [float(r["server_accuracy"]) for r in rows],
         "wall_s": [float(r["wall_s"]) for r in rows],
         "groups_at_edges": at_edges,
         "groups": sum(len(r["groups"]) for r in rows),
     }
+
+
+TRAINED = re.compile(r"(\S+): round (\d+) group \d+ position \d+ trained")
+
+
+def when_round_2_runs_at(scene: Scene, site: str, trained: bool) -> bool:
+    """Wait until round 2's group of ``site`` runs at its edge (and, with ``trained``, one
+    of its boards has trained); False if that never came."""
+    edge_log = scene.work / f"edge-{site}.log"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        started = re.search(r"round 2 group \d+: \d+ members, run here", edge_log.read_text(errors="replace"))
+        boards = "".join(p.read_text(errors="replace") for p in (scene.work / "boards").glob(f"{site}-*.log"))
+        if started and (not trained or re.search(r": round 2 group \d+ position \d+ trained", boards)):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def restart_an_edge(scene: Scene) -> None:
+    """Kill the first site's ``covey edge run`` (SIGKILL) once a board of its round-2
+    group trained, and start it again."""
+    site = scene.names[0]
+    if when_round_2_runs_at(scene, site, trained=True):
+        scene.procs[1].kill()
+        scene.procs[1].wait(15)
+        scene.procs[1] = covey(
+            "edge", "run", "--site", str(scene.site), "--edge", site, log=scene.work / f"edge-{site}-restarted.log"
+        )
+
+
+def cut_an_uplink(scene: Scene) -> None:
+    """Cut the first site's uplink for a minute once its round-2 group runs at the edge."""
+    if when_round_2_runs_at(scene, scene.names[0], trained=False):
+        scene.relays[scene.names[0]].outage(60.0, stop_listening=True)
+
+
+def faults(sites: int, boards: int, uplink: Impairment, only: str | None = None) -> int:
+    """HierFAVG through the edges, 3 rounds whose members train a few hundred steps, with
+    each fault in round 2; prints the contributions each lost."""
+    learning = ("--set", "tau1=300", "--epochs", "20")
+    for name, fault in (("restart", restart_an_edge), ("uplink_cut", cut_an_uplink)):
+        if only is not None and name != only:
+            continue
+        with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
+            os.chmod(tmp, 0o755)
+            run = one_run(
+                Path(tmp),
+                "hierfavg",
+                edges=True,
+                sites=sites,
+                boards=boards,
+                rounds=3,
+                uplink=uplink,
+                learning=learning,
+                fault=fault,
+            )
+        print(f"{name}: {run['skipped']} skipped, rounds {' '.join(f'{w:.1f}' for w in run['wall_s'])} s")
+        print(f"figure edge_{name}_lost_contributions = {run['lost']}")
+    return 0
 
 
 def snapshot_at_first_plan(state: Path, relays: dict[str, Relay], out: dict[str, int], timeout: float = 900) -> None:
@@ -212,10 +316,14 @@ def main_bench(argv: list[str] | None = None) -> int:
     p.add_argument("--uplink-mbit", type=float, default=4.0)
     p.add_argument("--uplink-ms", type=float, default=50.0, help="one-way latency of each uplink")
     p.add_argument("--equivalence", action="store_true", help="the simulator against the edges instead")
+    p.add_argument("--faults", action="store_true", help="an edge restarted and an uplink cut mid-round instead")
+    p.add_argument("--fault", choices=("restart", "uplink_cut"), help="with --faults: this one only")
     args = p.parse_args(argv)
     if args.equivalence:
         return equivalence(args.rounds)
     uplink = Impairment(latency_ms=args.uplink_ms, rate_mbit=args.uplink_mbit)
+    if args.faults:
+        return faults(args.sites, args.boards, uplink, args.fault)
     for strategy in args.strategies.split(","):
         runs = {}
         for edges in (True, False):

@@ -177,7 +177,10 @@ class Inbox:
             body, weights = decode_edge(item.payload, self.settings.run), None
         else:
             raise ProtocolError(f"an edge sends no {kind} messages")
-        if self.execution.on_edge(user, body, weights) == "unexpected":
+        outcome = self.execution.on_edge(user, body, weights)
+        if outcome == "duplicate":
+            self.drop("duplicate edge message", f"{user} {type(body).__name__}", quiet=True)
+        elif outcome == "unexpected":
             raise ProtocolError(f"{user} sent {type(body).__name__} that no group run there expects")
 
     def _on_message(self, device: str, kind: str, msg: Message) -> None:

@@ -260,6 +260,13 @@ class EdgeGroupProxy(GroupManager):
             return True
         return False
 
+    def knows_edge(self, edge: str, body: object) -> bool:
+        if edge != self.user:
+            return False
+        if isinstance(body, EdgeReport):
+            return body.key == self.task.key
+        return isinstance(body, FrameHeader) and body.extra.task_id == self.task.key
+
     def _on_report(self, report: EdgeReport, now: float) -> bool:
         if report.key != self.task.key:
             return False

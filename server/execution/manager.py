@@ -161,6 +161,10 @@ class GroupManager:
         (:class:`~server.edge.proxy.EdgeGroupProxy`)."""
         return False
 
+    def knows_edge(self, edge: str, body: object) -> bool:
+        """Whether ``body`` from ``edge`` is about this group (one that came again)."""
+        return False
+
     def on_refused(self, device: str, task_id: str, why: str, now: float) -> bool:
         """``device``'s output for ``task_id`` was refused (not finite), or it reported that
         its training failed: the group goes on without it at once instead of waiting for

@@ -196,7 +196,8 @@ class RoundExecution:
         now = self.clock()
         if any(m.on_edge(edge, body, weights, now) for m in self.managers):
             return "accepted"
-        return "unexpected"
+        # the bridge delivers at least once: a report or model again after a reconnect
+        return "duplicate" if any(m.knows_edge(edge, body) for m in self.managers) else "unexpected"
 
     def on_result(self, device: str, result: TrainResult) -> Outcome:
         now = self.clock()

@@ -104,10 +104,14 @@ class Relay:
             raise TimeoutError(f"the relay did not start listening on {self.listen} within {timeout} s")
         return self
 
-    def outage(self, seconds: float) -> None:
-        """Cut every connection now and refuse new ones for ``seconds``."""
+    def outage(self, seconds: float, *, stop_listening: bool = False) -> None:
+        """Cut every connection now and refuse new ones for ``seconds``: each is accepted
+        and closed at once (a board out of range), or with ``stop_listening`` not accepted
+        at all (connection refused, as a gateway whose uplink is down answers).
+        mosquitto 2.0.11's TLS bridge spun at 100 % CPU on a handshake closed under it,
+        so cut bridges with ``stop_listening``."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._cut, seconds)
+            self._loop.call_soon_threadsafe(self._cut, seconds, stop_listening)
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._loop is not None:
@@ -136,11 +140,17 @@ class Relay:
                 loop.run_until_complete(self._server.wait_closed())
             loop.close()
 
-    def _cut(self, seconds: float) -> None:
+    def _cut(self, seconds: float, stop_listening: bool = False) -> None:
         self._down_until = time.monotonic() + seconds
         log.info("relay %s: outage for %.1f s (%d connections cut)", self.port, seconds, len(self._writers))
         for w in list(self._writers):
             w.close()
+        if stop_listening and self._server is not None and self._loop is not None:
+            self._server.close()
+            self._loop.call_later(seconds, lambda: asyncio.ensure_future(self._listen_again()))
+
+    async def _listen_again(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.listen[0], self.port)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if time.monotonic() < self._down_until:

@@ -291,3 +291,23 @@ def test_an_edges_state_comes_back_whole_and_refuses_what_was_altered(tmp_path: 
     (tmp_path / "state" / "edge.json").write_text("{not json")
     with pytest.raises(ConfigError, match="remove it to start the edge afresh"):
         state.load()
+
+
+def test_a_report_that_comes_again_after_a_reconnect_is_a_duplicate() -> None:
+    # Prepare: a group run by edge "a", done once its report came (nobody's model came back)
+    book = EdgeBook({"a": frozenset(IDS[:3])}, Topics("edges"), lambda *a, **k: None, 60.0, 1 << 20, "fp32")
+    book.on_status("edge.a", b"online")
+    group = GroupPlan(0, tuple(IDS[:3]), "parallel", "g0", mean_only=True)
+    proxy = book.manager_for(
+        group, 2, np.zeros(4, np.float32), TrainConfig(), task_prefix="e", seed=1, hop=None, handoff="relay"
+    )
+    assert proxy is not None
+    proxy.start(0.0)
+    report = EdgeReport(2, 0, "e", "done", skipped=tuple(IDS[:3]))
+    assert proxy.on_edge("edge.a", report, None, 1.0) and proxy.done
+
+    # Execute, assert: the same report again (the bridge delivers at least once) is known, not used
+    assert not proxy.on_edge("edge.a", report, None, 2.0)
+    assert proxy.knows_edge("edge.a", report)
+    assert not proxy.knows_edge("edge.b", report)
+    assert not proxy.knows_edge("edge.a", EdgeReport(3, 0, "e", "done"))

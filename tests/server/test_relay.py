@@ -147,3 +147,33 @@ def test_an_unrated_relay_counts_bytes_and_holds_nothing_back(echo_server: int) 
     finally:
         relay.stop()
     assert relay.carried == {"up": 5000, "down": 5000}
+
+
+@pytest.mark.slow
+def test_an_outage_that_stops_listening_refuses_connections_then_ends(echo_server) -> None:  # type: ignore[no-untyped-def]
+    relay = _relay(echo_server, Impairment())
+    try:
+        s = socket.create_connection(("127.0.0.1", relay.port), 5)
+        relay.outage(1.5, stop_listening=True)
+        s.settimeout(5)
+        assert _closed(s)  # cut
+        s.close()
+        deadline = time.monotonic() + 5
+        while True:  # refused at once, not accepted and closed (what a TLS bridge needs)
+            try:
+                socket.create_connection(("127.0.0.1", relay.port), 5).close()
+            except ConnectionRefusedError:
+                break
+            assert time.monotonic() < deadline, "the relay still accepts"
+            time.sleep(0.02)
+        deadline = time.monotonic() + 10
+        while True:  # back once the outage ends
+            try:
+                got, _ = _round_trip(relay.port, b"c", timeout=5)
+                break
+            except (AssertionError, OSError):
+                assert time.monotonic() < deadline, "the relay did not come back"
+                time.sleep(0.1)
+        assert got == b"c"
+    finally:
+        relay.stop()
