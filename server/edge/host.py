@@ -196,9 +196,12 @@ class EdgeHost:
                 r.manager.tick(now)
                 if r.manager.done:
                     self._finish(r)
-            except Exception:  # a fault of one group's must not stop the others
+            except Exception:  # a fault of one group's must not stop the others (its proxy times out)
                 log.exception("round %d group %d: failed at the edge", r.task.round, r.task.group_id)
                 self.running.pop(r.task.key, None)
+                if r.manager in self.execution.managers:
+                    self.execution.managers.remove(r.manager)
+                self._persist()
 
     # -- what arrives ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
