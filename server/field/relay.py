@@ -162,6 +162,10 @@ class Relay:
             log.warning("relay %s: cannot reach %s:%s (%s)", self.port, *self.target, exc)
             writer.close()
             return
+        if time.monotonic() < self._down_until:  # an outage began while it dialled the target
+            writer.close()
+            up_writer.close()
+            return
         self.connections += 1
         self._writers.update((writer, up_writer))
         pipes = [

@@ -154,6 +154,8 @@ def test_an_outage_that_stops_listening_refuses_connections_then_ends(echo_serve
     relay = _relay(echo_server, Impairment())
     try:
         s = socket.create_connection(("127.0.0.1", relay.port), 5)
+        s.sendall(b"a")
+        assert s.recv(10) == b"a"  # through: the relay holds it
         relay.outage(1.5, stop_listening=True)
         s.settimeout(5)
         assert _closed(s)  # cut
