@@ -76,6 +76,19 @@ def test_loss_holds_chunks_back_a_retransmission_timeout(echo_server) -> None:
     assert elapsed >= 0.150  # at least one of the two directions waited
 
 
+def _back_after_outage(port: int, timeout: float = 10.0) -> bytes:
+    """A round trip through the relay once its outage ended (``AssertionError`` if not
+    within ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            got, _ = _round_trip(port, b"c", timeout=5)
+            return got
+        except (AssertionError, OSError):
+            assert time.monotonic() < deadline, "the relay did not come back"
+            time.sleep(0.1)
+
+
 def _closed(s: socket.socket) -> bool:
     """The peer closed (FIN) or reset the connection."""
     try:
@@ -100,14 +113,7 @@ def test_an_outage_cuts_and_refuses_connections_then_ends(echo_server) -> None:
         during.sendall(b"b")
         assert _closed(during)  # refused while down
         during.close()
-        deadline = time.monotonic() + 10
-        while True:  # back once the outage ends
-            try:
-                got, _ = _round_trip(relay.port, b"c", timeout=5)
-                break
-            except (AssertionError, OSError):
-                assert time.monotonic() < deadline, "the relay did not come back"
-                time.sleep(0.1)
+        got = _back_after_outage(relay.port)
         assert got == b"c"
     finally:
         relay.stop()
@@ -168,14 +174,7 @@ def test_an_outage_that_stops_listening_refuses_connections_then_ends(echo_serve
                 break
             assert time.monotonic() < deadline, "the relay still accepts"
             time.sleep(0.02)
-        deadline = time.monotonic() + 10
-        while True:  # back once the outage ends
-            try:
-                got, _ = _round_trip(relay.port, b"c", timeout=5)
-                break
-            except (AssertionError, OSError):
-                assert time.monotonic() < deadline, "the relay did not come back"
-                time.sleep(0.1)
+        got = _back_after_outage(relay.port)
         assert got == b"c"
     finally:
         relay.stop()
