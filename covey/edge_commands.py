@@ -15,13 +15,65 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from device.errors import ConfigError
+
+if TYPE_CHECKING:
+    from server.edge.host import EdgeHost
 
 log = logging.getLogger("covey.edge")
 
 
 def _cmd_edge_run(args: argparse.Namespace) -> int:
+    if args.site:
+        if args.broker or args.run or args.devices:
+            raise ConfigError("--broker, --run and --devices are for an edge without a site; --site says them all")
+        return _run_site_edge(args)
+    missing = [flag for flag in ("broker", "run", "devices") if not getattr(args, flag)]
+    if missing:
+        raise ConfigError(f"give --site DIR, or --broker, --run and --devices (--{missing[0]} is missing)")
+    return _run_plain_edge(args)
+
+
+def _run_plain_edge(args: argparse.Namespace) -> int:
+    """An edge whose broker already runs (a field test's room, or a mosquitto bridged by
+    hand): anonymous, no TLS; the edge host only."""
+    from device.cli import parse_broker
+    from server.edge.host import EdgeHost, EdgeSettings
+
+    host_name, port = parse_broker(args.broker)
+    devices = tuple(d for d in args.devices.split(",") if d)
+    state_dir = Path(args.state_dir) if args.state_dir else None
+    logging.getLogger("covey.edge").setLevel(logging.INFO)
+    host = EdgeHost(EdgeSettings(args.run, args.edge, devices, host_name, port, username=None, state_dir=state_dir))
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        host.connect()
+        host.resume()
+        if host.resumed:
+            print(f"edge {args.edge}: took up {host.resumed} groups again from {state_dir}", flush=True)
+        print(f"edge {args.edge}: group managers for {', '.join(devices)} on {host_name}:{port}", flush=True)
+        host.serve(stop)
+    finally:
+        with contextlib.suppress(Exception):
+            host.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    print(_stopped_line(args.edge, host), flush=True)
+    return 0
+
+
+def _stopped_line(name: str, host: EdgeHost) -> str:
+    return (
+        f"edge {name} stopped: {host.groups_done} groups run here from {host.models_received} start models "
+        f"received; {host.relayed} messages relayed, "
+        f"{host.relayed_outputs} of them training outputs of groups run centrally"
+    )
+
+
+def _run_site_edge(args: argparse.Namespace) -> int:
     from device.mqtt import TlsFiles
     from server.broker import wait_for_port
     from server.edge.host import EdgeHost, EdgeSettings
@@ -84,12 +136,7 @@ def _cmd_edge_run(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             broker.kill()
             broker.wait(5)
-    print(
-        f"edge {edge.name} stopped: {host.groups_done} groups run here from {host.models_received} start models "
-        f"received; {host.relayed} messages relayed, "
-        f"{host.relayed_outputs} of them training outputs of groups run centrally",
-        flush=True,
-    )
+    print(_stopped_line(edge.name, host), flush=True)
     return 0 if broker.returncode == 0 else 1
 
 
@@ -110,8 +157,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "`covey broker run --edge NAME`) and the edge host, which runs the groups whose members all sit behind "
         "this edge and relays the rest of its boards' messages. Ctrl-C or SIGTERM stops both.",
     )
-    p.add_argument("--site", required=True, metavar="DIR", help="the site folder (or a copy with edges/NAME/)")
+    p.add_argument("--site", metavar="DIR", help="the site folder (or a copy with edges/NAME/)")
     p.add_argument("--edge", required=True, metavar="NAME", help="the edge, as `covey site add-edge` named it")
+    p.add_argument(
+        "--broker",
+        metavar="HOST:PORT",
+        help="without --site: the edge's broker, already running and bridged (anonymous, no TLS: a field "
+        "test's room); only the group managers start",
+    )
+    p.add_argument("--run", help="without --site: the run id the coordinator uses")
+    p.add_argument("--devices", metavar="ID,ID,...", help="without --site: the boards behind this edge")
     p.add_argument(
         "--state-dir",
         metavar="DIR",

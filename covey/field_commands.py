@@ -80,6 +80,7 @@ def _class_counts(root: Path, writers: dict[str, str]) -> dict[str, object]:
 
 
 def _cmd_field_test(args: argparse.Namespace) -> int:
+    from server.field.edges import EdgeMode
     from server.field.fieldtest import namespace_prefix, plan_field_test, run_field_test
     from server.field.report import build_report, format_report, plot_field
     from server.paths import ensure_model, femnist_dir
@@ -88,7 +89,11 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     topology_path = Path(args.topology)
     out = Path(args.out) if args.out else Path("runs") / "field" / f"{topology_path.stem}-{args.strategy}"
     root = Path(args.data_dir) if args.data_dir else femnist_dir()
-    plan = plan_field_test(topology_path, root, out, [], seed=args.seed, timeout_s=args.timeout)
+    mode = EdgeMode.CENTRAL if args.central else EdgeMode.EDGE
+    plan = plan_field_test(topology_path, root, out, [], seed=args.seed, timeout_s=args.timeout, edge_mode=mode)
+    edge_sites = plan.topology.edge_sites
+    if args.central and not edge_sites:
+        raise ConfigError(f"--central is for a topology with [[edge]] sites; {topology_path} has none")
     plan = replace(plan, server_args=tuple(_server_args(args, len(plan.devices))))
     print(f"building or loading the {args.model} model ...", flush=True)
     ensure_model(args.model)
@@ -96,6 +101,12 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
         f"{s.name}: {s.devices} x {s.link.bandwidth_mbps:g} Mbit/s, {s.link.latency_ms:g} ms"
         + (f" ±{s.link.jitter_ms:g}" if s.link.jitter_ms else "")
         + (f", {100 * s.link.loss:g} % loss" if s.link.loss else "")
+        + (
+            f", {'an edge' if mode is EdgeMode.EDGE else 'a gateway'} on an uplink of "
+            f"{s.uplink.bandwidth_mbps:g} Mbit/s, {s.uplink.latency_ms:g} ms"
+            if s.uplink is not None
+            else ""
+        )
         for s in plan.topology.sites
     )
     print(f"field test of {args.strategy} on {topology_path} ({sites}); logs in {plan.log_dir}", flush=True)
@@ -114,7 +125,10 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
         class_counts=counts,  # type: ignore[arg-type]
         target=None if args.target is None else args.target / 100,
         link_bytes=run.traffic.as_dict(),
+        via_edges=bool(edge_sites) and mode is EdgeMode.EDGE,
     )
+    if edge_sites:
+        report.edges, report.groups_at_edges = mode.value, run.groups_at_edges
     report.process_wall_s = time.perf_counter() - start
     (out / "field.json").write_text(json.dumps(report.to_dict(), indent=1) + "\n")
     title = f"{args.strategy} on {topology_path.name}"
@@ -150,6 +164,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         choices=("auto", "direct", "relay"),
         help="chain hand-offs, as `covey server run --handoff` (default auto: relayed and screened; direct: "
         "device to device, timed on the peers' own links)",
+    )
+    p.add_argument(
+        "--central",
+        action="store_true",
+        help="with [[edge]] sites: their gateways only forward to the central broker (the same links, no edge "
+        "broker or groups there): what the edges save, side by side",
     )
     p.add_argument("--target", type=float, help="accuracy (%%) whose time-to-accuracy the report gives")
     p.add_argument("--data-dir", help="a LEAF folder with train/ and test/ (default: the bundled FEMNIST sample)")

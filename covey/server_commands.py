@@ -60,6 +60,32 @@ def read_device_list(path: str) -> frozenset[str]:
     return frozenset(ids)
 
 
+def parse_edges(given: list[str]) -> dict[str, tuple[str, ...]]:
+    """``--edge NAME=ID,ID,...`` flags: each edge's boards (one edge per board)."""
+    from device.protocol.topics import check_id
+
+    edges: dict[str, tuple[str, ...]] = {}
+    behind: dict[str, str] = {}
+    for flag in given:
+        name, _, ids = flag.partition("=")
+        devices = tuple(d.strip() for d in ids.split(",") if d.strip())
+        if not name or not devices:
+            raise CoveyError(f"--edge {flag!r}: give NAME=ID,ID,... (the edge's name, then its boards)")
+        for x in (name, *devices):
+            try:
+                check_id(x)
+            except CoveyError as exc:
+                raise CoveyError(f"--edge {flag!r}: {exc}") from exc
+        if name in edges:
+            raise CoveyError(f"--edge {name} is given twice; list all its boards in one")
+        for d in devices:
+            if d in behind:
+                raise CoveyError(f"--edge {name}: {d} is behind the edge {behind[d]} already; a board has one")
+            behind[d] = name
+        edges[name] = devices
+    return edges
+
+
 def _connection(args: argparse.Namespace) -> Connection:
     """The broker, run and credentials from ``--site`` and the explicit flags (a flag wins).
 
@@ -69,6 +95,7 @@ def _connection(args: argparse.Namespace) -> Connection:
     from device.cli import parse_broker
     from server.broker import is_loopback
 
+    edges = parse_edges(args.edge or [])
     site = None
     if args.site:
         from server.site import load_site
@@ -83,7 +110,7 @@ def _connection(args: argparse.Namespace) -> Connection:
                 "takes anonymous clients (for a site with passwords and TLS see `covey site init`)"
             )
         allowed: frozenset[str] | None = read_device_list(args.allow_devices) if args.allow_devices else None
-        return Connection(None, args.port or 0, None, None, None, args.run or "site", None, allowed, {})
+        return Connection(None, args.port or 0, None, None, None, args.run or "site", None, allowed, edges)
     if args.listen is not None:
         raise CoveyError("--listen is for the mosquitto this command starts; with --broker or --site it already runs")
     host, port = parse_broker(args.broker) if args.broker else parse_broker(site.spec.broker)  # type: ignore[union-attr]
@@ -113,10 +140,11 @@ def _connection(args: argparse.Namespace) -> Connection:
     else:  # a site admits the devices it provisioned; restart with --resume after `covey site add-device`
         allowed = frozenset(site.spec.devices) if site is not None else None
     run = args.run or (site.spec.run if site else "site")
-    edges: dict[str, tuple[str, ...]] = {}
     if site is not None:
         from server.site.edge import load_edges
 
+        if edges:
+            raise CoveyError("--edge is for a broker without a site; a --site lists its own edges")
         edges = {e.name: e.devices for e in load_edges(site.layout)}
     return Connection(host, port, username, password, tls, run, host, allowed, edges)
 
@@ -299,6 +327,13 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="DIR",
         help="a folder made by `covey site init`: its run, broker and the coordinator's credentials and CA "
         "(flags override each)",
+    )
+    p.add_argument(
+        "--edge",
+        action="append",
+        metavar="NAME=ID,ID,...",
+        help="an edge and the boards behind it (`covey edge run --broker`, a field test's rooms); repeat for "
+        "each edge. A --site lists its own edges",
     )
     p.add_argument("--username", help="broker user name (with --broker)")
     p.add_argument("--password-file", help="file holding the broker password")

@@ -70,7 +70,7 @@ class EdgeSettings:
     devices: tuple[str, ...]
     host: str
     port: int
-    username: str = "coordinator"
+    username: str | None = "coordinator"
     password: str | None = None
     tls: TlsFiles | None = None
     max_chunk: int = 900_000

@@ -12,7 +12,13 @@ device of the topology, each on its own host of a :class:`~server.field.netns.La
   covey sees on a network where devices reach each other only through the broker.
   The topology's values are compared with the star's (:func:`star_topology`);
 * nothing tells covey or the agents the topology: what grouping sees is what the
-  coordinator measures (docs/links.md).
+  coordinator measures (docs/links.md);
+* a site with an ``[[edge]]`` has a gateway host (:mod:`server.field.edges`): its
+  boards sit on a network of their own and dial the gateway, whose uplink to the
+  broker is shaped as the ``[[edge]]`` says; the gateway runs the room's broker and
+  ``covey edge run`` (:attr:`EdgeMode.EDGE`, the coordinator places groups there), or
+  only forwards to the central broker (:attr:`EdgeMode.CENTRAL`: the same links, no
+  edge). The coordinator is told the edges either way (``--edge``).
 
 :func:`plan_field_test` checks every setting before anything is created;
 :func:`run_field_test` runs the test and returns its wall time and what each round
@@ -40,9 +46,10 @@ from pathlib import Path
 
 from device.errors import ConfigError, TransportError
 from server.broker import LOCAL_CONF, local_config_text
-from server.field.netns import PREFIX, Lab, LinkBytes, available
+from server.field.edges import EDGE_PORT, UPLINK_RELAY_PORT, EdgeMode, edge_config_text
+from server.field.netns import PREFIX, Host, Lab, LinkBytes, available
 from server.fleet import REPO
-from server.simulation.topology import Site, Topology, load_topology
+from server.simulation.topology import LinkProfile, Site, Topology, load_topology
 
 BROKER_PORT = 1883
 RELAY_PORT = 1884  # on each device's own loopback
@@ -70,6 +77,15 @@ class FieldTestPlan:
     lab_tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])  # namespaces cvlab-<tag>-*
     seed: int = 0
     timeout_s: float = 3600.0
+    edge_mode: EdgeMode = EdgeMode.EDGE  # what the gateways of ``[[edge]]`` sites do
+
+    @property
+    def edges(self) -> dict[str, tuple[str, ...]]:
+        """Each ``[[edge]]`` site's edge name (its slug) and the devices behind it."""
+        return {
+            site_slug(s.name): tuple(d.device_id for d in self.devices if d.site.name == s.name)
+            for s in self.topology.edge_sites
+        }
 
     @property
     def state_dir(self) -> Path:
@@ -92,25 +108,27 @@ class LinkTraffic:
     devices: tuple[LinkBytes, ...] = ()
     coordinator: tuple[LinkBytes, ...] = ()
     broker: tuple[LinkBytes, ...] = ()
+    uplinks: tuple[LinkBytes, ...] = ()  # the gateways' uplinks, summed (topologies with [[edge]])
     error: str = ""
 
     def as_dict(self) -> dict[str, dict[str, list[int]]]:
-        """``{"devices": {"down": [per round], "up": [...]}, "coordinator": ..., "broker": ...}``;
-        ``{}`` when nothing was measured."""
+        """``{"devices": {"down": [per round], "up": [...]}, "coordinator": ..., "broker": ...}``
+        (and ``"uplinks"`` with gateways); ``{}`` when nothing was measured."""
         if not self.devices:
             return {}
-        return {
-            role: {"down": [b.down for b in rounds], "up": [b.up for b in rounds]}
-            for role, rounds in (("devices", self.devices), ("coordinator", self.coordinator), ("broker", self.broker))
-        }
+        roles = [("devices", self.devices), ("coordinator", self.coordinator), ("broker", self.broker)]
+        roles += [("uplinks", self.uplinks)] if self.uplinks else []
+        return {role: {"down": [b.down for b in rounds], "up": [b.up for b in rounds]} for role, rounds in roles}
 
 
 @dataclass(frozen=True)
 class FieldRun:
-    """A finished field test: the coordinator's wall time and what the links carried."""
+    """A finished field test: the coordinator's wall time, what the links carried, and
+    the groups the edges ran (their ``covey edge run`` summaries; 0 without edges)."""
 
     wall_s: float
     traffic: LinkTraffic
+    groups_at_edges: int = 0
 
 
 _LAB_FAILURES = (TransportError, OSError, subprocess.SubprocessError)  # `ip` failed, hung or is gone
@@ -136,10 +154,14 @@ class TrafficMeter:
     lab : the running lab.
     results : the coordinator's ``results.json`` (it is replaced whole on each round).
     devices : the lab's host names of the devices (the rest: ``server``, ``broker``).
+    gateways : the host names of the sites' gateways, whose links are the uplinks.
     """
 
-    def __init__(self, lab: Lab, results: Path, devices: Sequence[str], interval: float = 0.1) -> None:
+    def __init__(
+        self, lab: Lab, results: Path, devices: Sequence[str], interval: float = 0.1, gateways: Sequence[str] = ()
+    ) -> None:
         self.lab, self.results, self.devices, self.interval = lab, results, tuple(devices), interval
+        self.gateways = tuple(gateways)
         self._seen: tuple[int, int] | None = None
         self._rounds()  # an earlier test's file: seen, not counted
         self._lock = threading.Lock()  # the thread's polls and stop()'s last one
@@ -196,7 +218,7 @@ class TrafficMeter:
             self._thread.join(timeout=60)
         with contextlib.suppress(*_LAB_FAILURES):
             self.poll()
-        per_round: dict[str, list[LinkBytes]] = {"devices": [], "coordinator": [], "broker": []}
+        per_round: dict[str, list[LinkBytes]] = {"devices": [], "coordinator": [], "broker": [], "uplinks": []}
         with self._lock:
             samples = list(self._samples)
         for (r0, s0), (r1, s1) in itertools.pairwise(samples):
@@ -205,6 +227,7 @@ class TrafficMeter:
                 "devices": sum((delta[d] for d in self.devices), LinkBytes()),
                 "coordinator": delta["server"],
                 "broker": delta["broker"],
+                "uplinks": sum((delta[g] for g in self.gateways), LinkBytes()),
             }
             n = r1 - r0  # > 0: a sample is taken only for more rounds than the last
             for role, b in shares.items():
@@ -213,8 +236,14 @@ class TrafficMeter:
             devices=tuple(per_round["devices"]),
             coordinator=tuple(per_round["coordinator"]),
             broker=tuple(per_round["broker"]),
+            uplinks=tuple(per_round["uplinks"]) if self.gateways else (),
             error=self.error,
         )
+
+
+def site_slug(name: str) -> str:
+    """A site's name made topic-safe: its devices' id prefix and its edge's name."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", name)[:40]
 
 
 def device_ids(topology: Topology) -> list[tuple[str, Site]]:
@@ -222,8 +251,7 @@ def device_ids(topology: Topology) -> list[tuple[str, Site]]:
     with anything but letters, digits, ``-`` and ``_`` replaced by ``_``)."""
     out = []
     for site in topology.sites:
-        slug = re.sub(r"[^A-Za-z0-9_-]", "_", site.name)[:40]
-        out += [(f"{slug}-{k:02d}", site) for k in range(1, site.devices + 1)]
+        out += [(f"{site_slug(site.name)}-{k:02d}", site) for k in range(1, site.devices + 1)]
     if len({d for d, _ in out}) != len(out):
         raise ConfigError(f"{topology.source}: two sites give the same device ids; name the sites apart")
     return out
@@ -237,6 +265,7 @@ def plan_field_test(
     *,
     seed: int = 0,
     timeout_s: float = 3600.0,
+    edge_mode: EdgeMode = EdgeMode.EDGE,
 ) -> FieldTestPlan:
     """Check the topology, the data, the machine and the output folder.
 
@@ -250,6 +279,8 @@ def plan_field_test(
         Where the state, logs, report and plot go (created).
     server_args
         Options for ``covey server run`` (strategy, model, rounds, ...).
+    edge_mode
+        What the gateways of the ``[[edge]]`` sites run (:class:`EdgeMode`).
 
     Returns
     -------
@@ -260,7 +291,8 @@ def plan_field_test(
 
     data_root, out_dir = data_root.resolve(), out_dir.resolve()  # the processes run from the repo
     topology = load_topology(topology_path)
-    if any(s.link.bandwidth_mbps < 0.1 for s in topology.sites):
+    links = [s.link for s in topology.sites] + [s.uplink for s in topology.edge_sites if s.uplink is not None]
+    if any(link.bandwidth_mbps < 0.1 for link in links):
         raise ConfigError(f"{topology.source}: a field test shapes links of 0.1 Mbit/s or more")
     if out_dir.exists() and not out_dir.is_dir():
         raise ConfigError(f"--out {out_dir} is a file; give a folder")
@@ -280,7 +312,9 @@ def plan_field_test(
     if shutil.which("mosquitto") is None and not Path("/usr/sbin/mosquitto").exists():
         raise ConfigError("a field test needs mosquitto (apt install mosquitto)")
     devices = tuple(FieldDevice(d, s, w) for (d, s), w in zip(ids, writers, strict=False))
-    return FieldTestPlan(topology, devices, data_root, out_dir, tuple(server_args), seed=seed, timeout_s=timeout_s)
+    return FieldTestPlan(
+        topology, devices, data_root, out_dir, tuple(server_args), seed=seed, timeout_s=timeout_s, edge_mode=edge_mode
+    )
 
 
 def namespace_prefix(plan: FieldTestPlan) -> str:
@@ -315,27 +349,43 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
     with Lab(tag=plan.lab_tag) as lab:
         broker = lab.add_host("broker")
         server = lab.add_host("server")
-        hosts = {d.device_id: lab.add_host(f"d{i + 1:03d}") for i, d in enumerate(plan.devices)}
+        central = f"{broker.ip}:{BROKER_PORT}"
+        # each [[edge]] site: a gateway on the main network, and the site's own network behind it
+        rooms: dict[str, tuple[Host, int]] = {}
+        for k, site in enumerate(plan.topology.edge_sites, start=1):
+            gateway = lab.add_host(f"gw{k}")
+            lab.attach(gateway, k)
+            rooms[site.name] = (gateway, k)
+        hosts = {
+            d.device_id: lab.add_host(f"d{i + 1:03d}", rooms[d.site.name][1] if d.site.name in rooms else 0)
+            for i, d in enumerate(plan.devices)
+        }
         conf = plan.out_dir / "mosquitto.conf"
         conf.write_text(local_config_text(LOCAL_CONF, BROKER_PORT, broker.ip))
         lab.start(broker, [_mosquitto(), "-c", str(conf)], log=plan.log_dir / "broker.log")
         lab.wait_for_port(server, broker.ip, BROKER_PORT)
+        dial: dict[str, str] = {}  # site name -> where its boards' broker is
+        for k, site in enumerate(plan.topology.edge_sites, start=1):
+            gateway, network = rooms[site.name]
+            dial[site.name] = _start_gateway(lab, plan, site, gateway, gateway.addresses[network], central, k, env)
         for i, d in enumerate(plan.devices):
             host, link = hosts[d.device_id], d.site.link
             lab.shape(host, link.bandwidth_mbps)
-            address = f"{broker.ip}:{BROKER_PORT}"
+            address = dial.get(d.site.name, central)
             if link.latency_ms or link.jitter_ms or link.loss:
-                relay = [sys.executable, "-m", "server.field.relay", "--listen", f"127.0.0.1:{RELAY_PORT}"]
-                relay += ["--to", address, "--latency-ms", str(link.latency_ms), "--jitter-ms", str(link.jitter_ms)]
-                relay += ["--loss", str(link.loss), "--seed", str(plan.seed * 1000 + i)]
-                lab.start(host, relay, log=plan.log_dir / f"relay-{d.device_id}.log", env=env, cwd=REPO)
-                lab.wait_for_port(host, "127.0.0.1", RELAY_PORT)
-                address = f"127.0.0.1:{RELAY_PORT}"
+                address = _start_relay(lab, host, plan, d.device_id, link, f"127.0.0.1:{RELAY_PORT}", address, i, env)
             lab.start(host, _agent_argv(plan, d, address), log=plan.log_dir / f"{d.device_id}.log", env=env, cwd=REPO)
-        argv = [*(sys.executable, "-m", "covey.cli", "server", "run", "--broker", f"{broker.ip}:{BROKER_PORT}")]
+        argv = [*(sys.executable, "-m", "covey.cli", "server", "run", "--broker", central)]
         argv += ["--run", plan.run_id, "--min-devices", str(len(plan.devices)), "--state-dir", str(plan.state_dir)]
         argv += ["--eval-data", str(plan.data_root), "--seed", str(plan.seed), *plan.server_args]
-        meter = TrafficMeter(lab, plan.state_dir / "results.json", [h.name for h in hosts.values()])
+        for name, members in plan.edges.items():  # also centrally: the strategies see the same site
+            argv += ["--edge", f"{name}={','.join(members)}"]
+        meter = TrafficMeter(
+            lab,
+            plan.state_dir / "results.json",
+            [h.name for h in hosts.values()],
+            gateways=[g.name for g, _ in rooms.values()],
+        )
         start = time.perf_counter()
         try:
             tail = _run_tee(server.argv(argv), plan.log_dir / "server.log", env, plan.timeout_s, echo)
@@ -350,7 +400,74 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
             if echo
             else f"the coordinator failed; its last lines ({plan.log_dir / 'server.log'}):\n{tail}"
         )
-    return FieldRun(wall, traffic)
+    return FieldRun(wall, traffic, groups_at_edges(plan.log_dir))
+
+
+def groups_at_edges(log_dir: Path) -> int:
+    """Groups the edges ran, as their ``covey edge run`` summaries say (0 without edges)."""
+    said = " ".join(p.read_text(errors="replace") for p in sorted(log_dir.glob("edge-*.log")))
+    return sum(int(n) for n in re.findall(r"stopped: (\d+) groups run here", said))
+
+
+def _start_relay(
+    lab: Lab,
+    host: Host,
+    plan: FieldTestPlan,
+    name: str,
+    link: LinkProfile,
+    listen: str,
+    to: str,
+    index: int,
+    env: dict[str, str],
+) -> str:
+    """A :mod:`server.field.relay` on ``host`` from ``listen`` to ``to`` with ``link``'s
+    latency, jitter and loss; returns ``listen``."""
+    relay = [sys.executable, "-m", "server.field.relay", "--listen", listen, "--to", to]
+    relay += ["--latency-ms", str(link.latency_ms), "--jitter-ms", str(link.jitter_ms), "--loss", str(link.loss)]
+    relay += ["--seed", str(plan.seed * 1000 + index)]
+    lab.start(host, relay, log=plan.log_dir / f"relay-{name}.log", env=env, cwd=REPO)
+    ip, _, port = listen.rpartition(":")
+    lab.wait_for_port(host, ip, int(port))
+    return listen
+
+
+def _start_gateway(
+    lab: Lab, plan: FieldTestPlan, site: Site, gateway: Host, room_ip: str, central: str, k: int, env: dict[str, str]
+) -> str:
+    """A site's gateway (:mod:`server.field.edges`): its uplink shaped, and the room's
+    broker with ``covey edge run`` (edge mode) or a relay to ``central``; returns the
+    address the room's boards dial."""
+    assert site.uplink is not None
+    name = site_slug(site.name)
+    lab.shape(gateway, site.uplink.bandwidth_mbps)
+    room = f"{room_ip}:{EDGE_PORT}"
+    if plan.edge_mode is EdgeMode.CENTRAL:  # the room's messages go up as they are
+        return _start_relay(lab, gateway, plan, f"uplink-{name}", site.uplink, room, central, 900 + k, env)
+    uplink = _start_relay(
+        lab, gateway, plan, f"uplink-{name}", site.uplink, f"127.0.0.1:{UPLINK_RELAY_PORT}", central, 900 + k, env
+    )
+    folder = plan.out_dir / "edges" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    conf = folder / "mosquitto.conf"
+    conf.write_text(edge_config_text(plan.run_id, name, plan.edges[name], listen=room_ip, uplink=uplink))
+    lab.start(gateway, [_mosquitto(), "-c", str(conf)], log=plan.log_dir / f"broker-{name}.log")
+    lab.wait_for_port(gateway, room_ip, EDGE_PORT)
+    log = plan.log_dir / f"edge-{name}.log"
+    argv = [*(sys.executable, "-m", "covey.cli", "edge", "run", "--broker", room, "--run", plan.run_id)]
+    argv += ["--edge", name, "--devices", ",".join(plan.edges[name]), "--state-dir", str(folder / "state")]
+    lab.start(gateway, argv, log=log, env=env, cwd=REPO)
+    _wait_for_text(log, f"edge {name}: group managers for", 60)
+    return room
+
+
+def _wait_for_text(log: Path, text: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.is_file() and text in log.read_text(errors="replace"):
+            return
+        time.sleep(0.1)
+    tail = log.read_text(errors="replace")[-600:] if log.is_file() else "(no log)"
+    raise TransportError(f"{log.name} did not say {text!r} within {timeout:g} s; its end:\n{tail}")
 
 
 def _reason(tail: str) -> str:

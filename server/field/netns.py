@@ -1,8 +1,10 @@
-"""A virtual LAN on one machine: hosts in Linux network namespaces on one bridge.
+"""A virtual LAN on one machine: hosts in Linux network namespaces on bridges.
 
-:class:`Lab` creates a namespace for the LAN (holding a bridge) and one per host,
-each host linked to the bridge by a veth pair created directly inside the two
-namespaces, with an address on a private /24. Nothing is created in, or routed to,
+:class:`Lab` creates a namespace for the LAN (holding the bridges: ``br0``, and one
+more per extra network, as a site's own room behind its gateway) and one per host,
+each host linked to a bridge by a veth pair created directly inside the two
+namespaces, with an address on that bridge's private /24 (``10.77.<network>.<k>``).
+A host on two networks (a gateway) has a veth on each; nothing routes between them. Nothing is created in, or routed to,
 the machine's own network namespace: traffic stays between the lab's hosts. Link
 shaping uses the kernel's ``tbf`` queueing discipline (``netem`` is not available on
 these machines; latency, jitter, loss and outages come from
@@ -62,8 +64,9 @@ def leftovers() -> list[str]:
 class Host:
     name: str
     netns: str
-    ip: str
+    ip: str  # on its first network
     lan_if: str  # the host's veth end inside the LAN namespace (egress there = traffic to the host)
+    addresses: dict[int, str] = field(default_factory=dict)  # network -> the host's address there
 
     def argv(self, argv: Sequence[str]) -> list[str]:
         """``argv`` run inside this host's namespace."""
@@ -109,7 +112,7 @@ def _signals_held() -> Iterator[None]:
 
 @dataclass
 class Lab:
-    """Hosts ``10.77.<net>.<i>/24`` on a bridge, named ``cvlab-<tag>-<host>``."""
+    """Hosts ``10.77.<network>.<k>/24`` on bridges, named ``cvlab-<tag>-<host>``."""
 
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
     net: int = 77
@@ -121,28 +124,60 @@ class Lab:
         if not ok:
             raise TransportError(why)
         self.lan = f"{PREFIX}-{self.tag}-lan"
+        self._on_network: dict[int, int] = {}  # network -> addresses given there
+        self._veths = 0
         _ip("netns", "add", self.lan)
-        _ip("-n", self.lan, "link", "add", "br0", "type", "bridge")
-        _ip("-n", self.lan, "link", "set", "br0", "up")
+        self._bridge(0)
 
-    def add_host(self, name: str) -> Host:
-        """A namespace with ``eth0`` on the LAN and loopback up."""
-        index = len(self.hosts) + 1
+    def _bridge(self, network: int) -> str:
+        """The bridge of ``network`` (made the first time)."""
+        bridge = f"br{network}"
+        if network not in self._on_network:
+            if not 0 <= network <= 250:
+                raise TransportError(f"a lab's networks are numbered 0 to 250, not {network}")
+            _ip("-n", self.lan, "link", "add", bridge, "type", "bridge")
+            _ip("-n", self.lan, "link", "set", bridge, "up")
+            self._on_network[network] = 0
+        return bridge
+
+    def _plug(self, netns: str, dev: str, network: int) -> tuple[str, str]:
+        """A new veth ``dev`` from ``netns`` to ``network``'s bridge with the next address
+        there; returns the address and the veth's end in the LAN namespace."""
+        bridge = self._bridge(network)
+        index = self._on_network[network] + 1
         if index > 250:
+            raise TransportError(f"a lab's network holds at most 250 hosts (network {network} is full)")
+        self._on_network[network] = index
+        self._veths += 1
+        lan_if = f"p{self._veths}"
+        _ip("link", "add", dev, "netns", netns, "type", "veth", "peer", "name", lan_if, "netns", self.lan)
+        _ip("-n", self.lan, "link", "set", lan_if, "master", bridge)
+        _ip("-n", self.lan, "link", "set", lan_if, "up")
+        ip = f"10.{self.net}.{network}.{index}"
+        _ip("-n", netns, "addr", "add", f"{ip}/24", "dev", dev)
+        _ip("-n", netns, "link", "set", dev, "up")
+        return ip, lan_if
+
+    def add_host(self, name: str, network: int = 0) -> Host:
+        """A namespace with ``eth0`` on ``network`` (0: the lab's main one) and loopback up."""
+        if len(self.hosts) >= 250:
             raise TransportError("a lab holds at most 250 hosts")
         netns = f"{PREFIX}-{self.tag}-{name}"
-        lan_if = f"p{index}"
         _ip("netns", "add", netns)
-        _ip("link", "add", "eth0", "netns", netns, "type", "veth", "peer", "name", lan_if, "netns", self.lan)
-        _ip("-n", self.lan, "link", "set", lan_if, "master", "br0")
-        _ip("-n", self.lan, "link", "set", lan_if, "up")
-        ip = f"10.{self.net}.0.{index}"
-        _ip("-n", netns, "addr", "add", f"{ip}/24", "dev", "eth0")
-        _ip("-n", netns, "link", "set", "eth0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
-        host = Host(name, netns, ip, lan_if)
+        ip, lan_if = self._plug(netns, "eth0", network)
+        host = Host(name, netns, ip, lan_if, {network: ip})
         self.hosts[name] = host
         return host
+
+    def attach(self, host: Host, network: int) -> str:
+        """Give ``host`` one more interface (``eth1``, ...), on ``network``; returns its
+        address there. Its link counters and :meth:`shape` stay those of its first."""
+        if network in host.addresses:
+            raise TransportError(f"{host.name} is on network {network} already")
+        ip, _ = self._plug(host.netns, f"eth{len(host.addresses)}", network)
+        host.addresses[network] = ip
+        return ip
 
     def shape(self, host: Host, rate_mbit: float, burst_kb: int = 64, latency_ms: int = 400) -> None:
         """Limit the host's link to ``rate_mbit`` both ways (``tbf`` on each veth end)."""

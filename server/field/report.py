@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ import numpy as np
 
 from server.links import LinkMatrices
 from server.records import json_number, strict_json_values
-from server.simulation.topology import LinkProfile, Site
+from server.simulation.topology import LinkProfile, Site, in_turn
 
 ELAPSED_NOTE = "wall seconds of the rounds (after registration and the link measurement before round 1)"
 
@@ -65,6 +65,10 @@ class FieldReport:
     # bytes per round on the lab's links, by role ("devices", "coordinator", "broker") and
     # direction ("down": to the host, "up": from it); round 1 from the coordinator's start
     link_bytes: dict[str, dict[str, list[int]]] = field(default_factory=dict)
+    # with [[edge]] sites: "edge" (the gateways ran the rooms' brokers and groups) or
+    # "central" (they forwarded), and the groups the edges ran
+    edges: str | None = None
+    groups_at_edges: int = 0
 
     def link_mb_per_round(self, role: str) -> float:
         """Mean MB per round on ``role``'s links, both ways (NaN when not measured)."""
@@ -90,21 +94,29 @@ class FieldReport:
 
 
 def star_matrices(
-    ids: Sequence[str], site_of: Mapping[str, Site], bandwidth_hz: float
+    ids: Sequence[str], site_of: Mapping[str, Site], bandwidth_hz: float, *, via_edges: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Γ (dB; diagonal: to the server) and RTT (ms) of the topology as covey's star sees it."""
+    """Γ (dB; diagonal: to the server) and RTT (ms) of the topology as covey's star sees it:
+    two devices reach each other through the broker they share, which is their site's
+    edge when ``via_edges`` and the site has one, else the central broker."""
     n = len(ids)
     snr, rtt = np.zeros((n, n)), np.zeros((n, n))
     for i, a in enumerate(ids):
-        la = site_of[a].link
-        snr[i, i] = la.snr(bandwidth_hz)
+        sa = site_of[a]
+        snr[i, i] = sa.server_link.snr(bandwidth_hz)
         for j, b in enumerate(ids):
             if i != j:
-                lb = site_of[b].link
-                via = LinkProfile(min(la.goodput_bps, lb.goodput_bps) / 1e6, la.latency_ms + lb.latency_ms)
+                via = star_pair(sa, site_of[b], via_edges=via_edges)
                 snr[i, j] = via.snr(bandwidth_hz)
                 rtt[i, j] = 2 * via.latency_ms
     return snr, rtt
+
+
+def star_pair(a: Site, b: Site, *, via_edges: bool) -> LinkProfile:
+    """The path between a device of ``a`` and one of ``b`` through their shared broker."""
+    if via_edges and a.name == b.name and a.uplink is not None:
+        return replace(in_turn(a.link, b.link), jitter_ms=0.0)
+    return replace(in_turn(a.server_link, b.server_link), jitter_ms=0.0)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -165,6 +177,7 @@ def build_report(
     class_counts: Mapping[str, np.ndarray] | None = None,
     target: float | None = None,
     link_bytes: Mapping[str, Mapping[str, Sequence[int]]] | None = None,
+    via_edges: bool = False,
 ) -> FieldReport:
     """The report of one run's ``results.json`` (``doc``) on the topology's sites.
 
@@ -178,6 +191,8 @@ def build_report(
     target : accuracy to time (fraction), optional.
     link_bytes : what the links carried per round
         (:meth:`~server.field.fieldtest.LinkTraffic.as_dict`), optional.
+    via_edges : the sites' edges ran (``[[edge]]``): a site's devices reach each other
+        through it (:func:`star_matrices`).
     """
     from sklearn.metrics import adjusted_rand_score
 
@@ -202,7 +217,7 @@ def build_report(
         report.rounds_to_target, report.time_to_target_s = time_to_target(acc, wall, target)
     ids = sorted(site_of)
     sites = np.array([site_of[d].name for d in ids])
-    top_snr, top_rtt = star_matrices(ids, site_of, bandwidth_hz)
+    top_snr, top_rtt = star_matrices(ids, site_of, bandwidth_hz, via_edges=via_edges)
     if rounds and rounds[-1].get("groups"):
         report.groups = [list(g) for g in rounds[-1]["groups"]]
         where = {d: k for k, g in enumerate(report.groups) for d in g}
@@ -235,6 +250,7 @@ def build_report(
     for name in dict.fromkeys(site_of[d].name for d in ids):
         members = np.flatnonzero(sites == name)
         site = site_of[ids[members[0]]]
+        up = site.server_link  # through the site's uplink too, where it has an edge
         same = np.zeros_like(off)
         same[np.ix_(members, members)] = True
         same &= off
@@ -242,12 +258,12 @@ def build_report(
             SiteRow(
                 name,
                 len(members),
-                site.link.bandwidth_mbps,
-                site.link.latency_ms,
-                site.link.loss,
-                site.link.snr(bandwidth_hz),
+                up.bandwidth_mbps,
+                up.latency_ms,
+                up.loss,
+                up.snr(bandwidth_hz),
                 _mean(None if measured.snr_db is None else measured.snr_db[members, members]),
-                2 * 2 * site.link.latency_ms,
+                2 * star_pair(site, site, via_edges=via_edges).latency_ms,
                 _mean(None if measured.rtt_ms is None else measured.rtt_ms[same]),
             )
         )
@@ -278,6 +294,12 @@ def format_report(report: FieldReport, results_dir: Path) -> str:
             f"on the links per round, both ways: devices {mb['devices']:.1f} MB (all together), coordinator "
             f"{mb['coordinator']:.1f} MB, broker {mb['broker']:.1f} MB (round 1 from the coordinator's start)"
         )
+        if "uplinks" in report.link_bytes:
+            lines.append(f"on the sites' uplinks per round, both ways: {report.link_mb_per_round('uplinks'):.1f} MB")
+    if report.edges == "edge":
+        lines.append(f"the sites' edges ran {report.groups_at_edges} groups (logs/edge-*.log)")
+    elif report.edges == "central":
+        lines.append("the sites' gateways only forwarded (--central): every group ran at the coordinator")
     if report.sites:
         lines.append("site          devices  Mbit/s  lat ms   Γ topology  Γ measured  RTT topology  RTT measured")
         for s in report.sites:

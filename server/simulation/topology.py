@@ -20,10 +20,18 @@ as DSC's D2D links or two boards on one access point)::
     bandwidth_mbps = 100
     latency_ms = 1
 
+    [[edge]]                      # optional: the site has its own broker on a gateway
+    site = "near"                 # (``covey edge run``); its devices' link above is to it,
+    bandwidth_mbps = 4            # and this is the gateway's uplink to the server, shared
+    latency_ms = 50               # by the whole site (loss and jitter_ms too)
+
 Devices are the simulation's clients in sorted order: the first site takes the first
 ``devices`` clients, and so on; the sites must hold exactly as many devices as there
 are clients. Without a ``[[link]]`` for a pair of sites, their devices talk through the
-server: the weaker bandwidth of the two links, the latencies added.
+server: the weaker bandwidth of the two links, the latencies added. A site with an
+``[[edge]]`` reaches the server over its device link and then the uplink (the weaker
+bandwidth, the latencies added; the uplink's sharing is not modelled here); two of its
+devices reach each other through the edge, over their device links only.
 
 :func:`link_matrices` gives the strategies Γ and the RTT matrix (the same
 :class:`server.links.LinkMatrices` a run on boards measures), and
@@ -34,7 +42,7 @@ per-device rates: a chain hands its model on in turn, parallel members work at o
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +90,32 @@ class LinkProfile:
 
 @dataclass(frozen=True)
 class Site:
+    """A site's devices and their link: to the server, or to the site's edge when it has
+    an ``uplink`` (the edge's link to the server, :attr:`server_link` the two in turn)."""
+
     name: str
     devices: int
     link: LinkProfile
+    uplink: LinkProfile | None = None
+
+    @property
+    def server_link(self) -> LinkProfile:
+        """A device's path to the server: its link, then the site's uplink if any."""
+        if self.uplink is None:
+            return self.link
+        return in_turn(self.link, self.uplink)
+
+
+def in_turn(a: LinkProfile, b: LinkProfile) -> LinkProfile:
+    """Two links one after the other: the lower goodput, the latencies and jitters
+    added, the SNR of the weaker when both state one."""
+    return LinkProfile(
+        min(a.goodput_bps, b.goodput_bps) / 1e6,
+        a.latency_ms + b.latency_ms,
+        0.0,
+        None if a.snr_db is None or b.snr_db is None else min(a.snr_db, b.snr_db),
+        a.jitter_ms + b.jitter_ms,
+    )
 
 
 @dataclass(frozen=True)
@@ -114,16 +145,20 @@ class Topology:
         return out
 
     def pair(self, a: Site, b: Site) -> LinkProfile:
-        """The link between a device of ``a`` and one of ``b``."""
+        """The link between a device of ``a`` and one of ``b``: a ``[[link]]`` between
+        the sites, else through the site's edge (same site, with an uplink), else
+        through the server."""
         direct = self.pair_links.get(frozenset((a.name, b.name)))
         if direct is not None:
             return direct
-        return LinkProfile(
-            min(a.link.goodput_bps, b.link.goodput_bps) / 1e6,
-            a.link.latency_ms + b.link.latency_ms,
-            0.0,
-            None if a.link.snr_db is None or b.link.snr_db is None else min(a.link.snr_db, b.link.snr_db),
-        )
+        if a.name == b.name and a.uplink is not None:
+            return replace(in_turn(a.link, b.link), jitter_ms=0.0)
+        return replace(in_turn(a.server_link, b.server_link), jitter_ms=0.0)
+
+    @property
+    def edge_sites(self) -> tuple[Site, ...]:
+        """The sites with an ``[[edge]]``, in the file's order."""
+        return tuple(s for s in self.sites if s.uplink is not None)
 
 
 def _number(raw: Mapping[str, Any], key: str, where: str, low: float, high: float, default: float | None) -> float:
@@ -154,9 +189,9 @@ def _profile(raw: Mapping[str, Any], where: str) -> LinkProfile:
 
 def parse_topology(raw: Mapping[str, Any], source: str = "topology") -> Topology:
     """Check a parsed topology; every mistake is one :class:`ConfigError` naming the place."""
-    unknown = sorted(set(raw) - {"bandwidth_mhz", "site", "link"})
+    unknown = sorted(set(raw) - {"bandwidth_mhz", "site", "link", "edge"})
     if unknown:
-        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (known: bandwidth_mhz, [[site]], [[link]])")
+        raise ConfigError(f"{source}: unknown key {unknown[0]!r} (known: bandwidth_mhz, [[site]], [[link]], [[edge]])")
     sites_raw = raw.get("site")
     if not isinstance(sites_raw, list) or not sites_raw or not all(isinstance(s, dict) for s in sites_raw):
         raise ConfigError(f"{source}: needs at least one [[site]] table")
@@ -186,8 +221,26 @@ def parse_topology(raw: Mapping[str, Any], source: str = "topology") -> Topology
         if key in pairs:
             raise ConfigError(f"{where}: the link between {ends[0]} and {ends[1]} is given twice")
         pairs[key] = _profile(link, where)
+    sites = _with_edges(sites, raw.get("edge", []), source)
     bandwidth = _number(raw, "bandwidth_mhz", source, 1e-3, 1e5, 20.0) * 1e6
     return Topology(tuple(sites), pairs, bandwidth, source)
+
+
+def _with_edges(sites: list[Site], edges_raw: object, source: str) -> list[Site]:
+    """``sites`` with the uplinks of their ``[[edge]]`` tables (at most one per site)."""
+    if not isinstance(edges_raw, list) or not all(isinstance(x, dict) for x in edges_raw):
+        raise ConfigError(f"{source}: edge must be [[edge]] tables")
+    uplinks: dict[str, LinkProfile] = {}
+    names = [s.name for s in sites]
+    for i, edge in enumerate(edges_raw):
+        where = f"{source} edge {i + 1}"
+        site = edge.get("site")
+        if site not in names:
+            raise ConfigError(f"{where}: site must name a site of the file ({', '.join(names)}), got {site!r}")
+        if site in uplinks:
+            raise ConfigError(f"{where}: site {site!r} has an edge already; a site has one")
+        uplinks[site] = _profile({k: v for k, v in edge.items() if k != "site"}, f"{where} ({site})")
+    return [replace(s, uplink=uplinks.get(s.name)) for s in sites]
 
 
 def load_topology(path: Path | str) -> Topology:
@@ -209,7 +262,7 @@ def link_matrices(topology: Topology, ids: Sequence[str]) -> LinkMatrices:
     n = len(ordered)
     snr, rtt = np.zeros((n, n)), np.zeros((n, n))
     for i, a in enumerate(ordered):
-        snr[i, i] = site[a].link.snr(topology.bandwidth_hz)
+        snr[i, i] = site[a].server_link.snr(topology.bandwidth_hz)
         for j, b in enumerate(ordered):
             if i != j:
                 link = topology.pair(site[a], site[b])
@@ -270,7 +323,7 @@ class TopologyCostModel(CostModel):
 
     def _chain_s(self, members: Sequence[MemberResult], train: TrainConfig, model_bytes: int) -> float:
         first, last = self.site[members[0].client_id], self.site[members[-1].client_id]
-        t = first.link.transfer_s(model_bytes) + last.link.transfer_s(model_bytes)
+        t = first.server_link.transfer_s(model_bytes) + last.server_link.transfer_s(model_bytes)
         for k, m in enumerate(members):
             t += self._train_s(m.n_samples, train, model_bytes)
             if k + 1 < len(members):
@@ -282,7 +335,8 @@ class TopologyCostModel(CostModel):
     ) -> float:
         if aggregation == "server":
             return max(
-                2 * self.site[m.client_id].link.transfer_s(model_bytes) + self._train_s(m.n_samples, train, model_bytes)
+                2 * self.site[m.client_id].server_link.transfer_s(model_bytes)
+                + self._train_s(m.n_samples, train, model_bytes)
                 for m in members
             )
         ids = [m.client_id for m in members]
@@ -292,7 +346,7 @@ class TopologyCostModel(CostModel):
             for m in members
         )
         if aggregation == "leader":
-            t += 2 * self.site[leader].link.transfer_s(model_bytes)
+            t += 2 * self.site[leader].server_link.transfer_s(model_bytes)
         return t
 
     def round_costs(

@@ -50,6 +50,15 @@ DEVICE_WRITE_KINDS = ("register", "results", "frames", "status")
 RELAYED_KINDS = ("results", "frames")
 RELAY = "relay/"  # covey/<run>/relay/from/<id>/<kind> at the edge is covey/<run>/from/<id>/<kind> centrally
 BRIDGE_QOS = 1  # covey publishes everything at QoS 1
+# every edge bridge's connection options (the module docstring says why)
+BRIDGE_OPTIONS = (
+    "bridge_protocol_version mqttv311",
+    "try_private true",
+    "cleansession false",
+    "notifications false",
+    "restart_timeout 1 30",
+    "keepalive_interval 30",
+)
 
 
 @dataclass(frozen=True)
@@ -120,7 +129,6 @@ def bridge_text(
     """The bridge section of the edge's mosquitto.conf (see the module docstring);
     ``client_cert``: the bridge's certificate and key, for a site whose broker asks
     every client for one (``--client-certs``)."""
-    q = BRIDGE_QOS
     lines = [
         "",
         f"# The bridge to the site's central broker, over TLS, as the user {edge.user}: the central ACL",
@@ -134,21 +142,25 @@ def bridge_text(
         f"bridge_cafile {cafile}",
         *([f"bridge_certfile {client_cert[0]}", f"bridge_keyfile {client_cert[1]}"] if client_cert else []),
         "bridge_insecure false",
-        "bridge_protocol_version mqttv311",
-        "try_private true",
-        "cleansession false",
-        "notifications false",
-        "restart_timeout 1 30",
-        "keepalive_interval 30",
+        *BRIDGE_OPTIONS,
+    ]
+    return "\n".join(lines + bridge_topics(run, edge.name, edge.devices)) + "\n"
+
+
+def bridge_topics(run: str, name: str, devices: Sequence[str]) -> list[str]:
+    """The ``topic`` lines of an edge's bridge (see the module docstring): what the
+    server publishes for everyone and each board's topics in, the boards' registration,
+    status and hand-offs out, their results and frames only as the edge host relays
+    them, and the edge's own reports out and tasks in."""
+    q, user = BRIDGE_QOS, edge_user(name)
+    lines = [
         f"topic covey/{run}/artifact/# in {q}",
         f"topic covey/{run}/shared/# in {q}",
         f"topic covey/{run}/server/status in {q}",
+        f"topic covey/{run}/from/{user}/# out {q}",
+        f"topic covey/{run}/edge/{name}/# in {q}",
     ]
-    lines += [
-        f"topic covey/{run}/from/{edge.user}/# out {q}",
-        f"topic covey/{run}/edge/{edge.name}/# in {q}",
-    ]
-    for device in edge.devices:
+    for device in devices:
         lines += [
             f"topic covey/{run}/from/{device}/{kind} out {q}"
             for kind in DEVICE_WRITE_KINDS
@@ -160,7 +172,7 @@ def bridge_text(
             f"topic covey/{run}/device/+/frames/from/{device} out {q}",
             f"topic covey/{run}/device/{device}/# in {q}",
         ]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def edge_passwords(central_passwords: str, edge: EdgeSpec, coordinator_line: str) -> str:

@@ -105,6 +105,12 @@ def test_a_closed_pipe_ends_quietly(tmp_path: Path, command: str, reader: str, u
         (["bogus"], ["'bogus'", "strategies", "`covey --help`"]),
         (["model", "build", "nope"], ["unknown model 'nope'", "mlp_mnist"]),
         (["server", "run"], ["--min-devices", "`covey server run --help`"]),
+        (["server", "run", "--min-devices", "2", "--broker", "127.0.0.1:9", "--edge", "a="], ["--edge 'a='", "NAME="]),
+        (
+            ["server", "run", "--min-devices", "2", "--broker", "127.0.0.1:9", "--edge", "a=x", "--edge", "b=x"],
+            ["x is behind the edge a"],
+        ),
+        (["edge", "run", "--edge", "a", "--broker", "h:1"], ["--run is missing"]),
         (["device", "run", "--threads", "four"], ["--threads", "'four'", "`covey device run --help`"]),
     ],
 )

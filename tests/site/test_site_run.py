@@ -163,6 +163,9 @@ GUIDE = {
         "test_edge.py (--host localhost --ip 127.0.0.1, with --port)"
     ),
     "covey edge run --site DIR --edge lab": "test_edge.py (the room's boards train through it, its group at the edge)",
+    "covey field-test examples/topologies/two-rooms.toml --strategy hierfavg --rounds 2": (
+        "test_field_edges.py (with --out)"
+    ),
     # "A trial on one machine": test_trial.py reads these from the guide and runs them as they are
     "covey site init DIR --host localhost --ip 127.0.0.1 --devices trial-1 trial-2 trial-3": "test_trial.py",
     "covey site sample-data DIR": "test_trial.py",

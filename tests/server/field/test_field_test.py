@@ -135,6 +135,7 @@ def test_device_ids_follow_the_sites_and_stay_topic_safe() -> None:
         (["--strategy", "fedavg", "--target", "150"], ["--target", "percent"]),
         (["--strategy", "fedavg", "--timeout", "-5"], ["--timeout must be > 0"]),
         (["--strategy", "fedavg", "--epochs", "0"], ["--epochs must be >= 1"]),
+        (["--strategy", "fedavg", "--central"], ["--central is for a topology with [[edge]] sites"]),
     ],
 )
 def test_setting_mistakes_are_one_line(

@@ -55,6 +55,29 @@ def test_hosts_reach_each_other_over_the_bridge_and_links_are_shaped(tmp_path) -
     assert not [n for n in leftovers() if lab.tag in n]
 
 
+def test_a_room_behind_a_gateway_reaches_the_gateway_only(tmp_path) -> None:
+    with Lab() as lab:
+        # Prepare: the main network holds the broker and the gateway; the room, a board
+        broker, gateway = lab.add_host("broker"), lab.add_host("gw")
+        board = lab.add_host("board", network=3)
+        inside = lab.attach(gateway, 3)
+
+        # Execute
+        server = lab.start(gateway, [sys.executable, "-c", SERVER.format(ip=inside)], log=tmp_path / "gw.log")
+        to_gateway = lab.run(board, [sys.executable, "-c", CLIENT.format(ip=inside)])
+        server.wait(10)
+        to_broker = lab.run(board, ["python3", "-c", f"import socket; socket.create_connection(('{broker.ip}', 9), 1)"])
+        addresses = lab.run(gateway, ["ip", "-o", "-4", "addr", "show"]).stdout
+
+        # Assert
+        assert (board.ip, inside, gateway.ip) == ("10.77.3.1", "10.77.3.2", "10.77.0.2")
+        assert to_gateway.returncode == 0, to_gateway.stderr
+        assert (tmp_path / "gw.log").read_text().strip() == "across the lan"
+        assert to_broker.returncode != 0 and "unreachable" in to_broker.stderr.lower(), to_broker.stderr
+        assert "eth0" in addresses and "eth1" in addresses and gateway.addresses == {0: gateway.ip, 3: inside}
+    assert not [n for n in leftovers() if lab.tag in n]
+
+
 def test_the_lab_is_removed_when_the_test_fails() -> None:
     with pytest.raises(RuntimeError, match="boom"), Lab() as lab:
         lab.add_host("x")

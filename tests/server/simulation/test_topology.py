@@ -92,6 +92,16 @@ def test_a_chain_pays_each_hand_off_on_its_pair_link() -> None:
             "site names must differ",
         ),
         ("speed = 3\n", "unknown key 'speed'"),
+        (
+            "[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = 3\n[[edge]]\nsite = 'b'\nbandwidth_mbps = 1\n",
+            "site must name a site",
+        ),
+        (
+            "[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = 3\n"
+            + "[[edge]]\nsite = 'a'\nbandwidth_mbps = 1\n" * 2,
+            "has an edge already",
+        ),
+        ("[[site]]\nname = 'a'\ndevices = 2\nbandwidth_mbps = 3\n[[edge]]\nsite = 'a'\n", "bandwidth_mbps is required"),
         ("[[site]\n", "not valid TOML"),
     ],
 )
@@ -101,6 +111,25 @@ def test_bad_topology_files_are_named(tmp_path: Path, text: str, needle: str) ->
     with pytest.raises(ConfigError, match=None) as info:
         load_topology(path)
     assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_site_behind_an_edge_reaches_the_server_over_its_uplink_and_its_own_devices_through_the_edge() -> None:
+    # Prepare: issue 28's rooms (boards 50 Mbit/s, 2 ms to their edge; uplink 4 Mbit/s, 50 ms)
+    topology = load_topology(REPO / "examples" / "topologies" / "two-rooms.toml")
+    ids = [f"c{i}" for i in range(8)]
+
+    # Execute
+    m = link_matrices(topology, ids)
+    north = topology.sites[0]
+
+    # Assert: to the server, the uplink's rate and both latencies; within a room, the
+    # room's links only; between rooms, both uplinks
+    assert north.server_link.bandwidth_mbps == 4 and north.server_link.latency_ms == 52
+    assert topology.edge_sites == topology.sites
+    assert m.snr_db is not None and m.rtt_ms is not None
+    assert m.snr_db[0, 0] == pytest.approx(north.server_link.snr(20e6))
+    assert m.rtt_ms[0, 1] == 2 * (2 + 2) and m.rtt_ms[0, 4] == 2 * (52 + 52)
+    assert m.snr_db[0, 1] > m.snr_db[0, 4]
 
 
 def test_a_topology_for_another_number_of_clients_is_refused() -> None:
