@@ -1,33 +1,33 @@
-"""``bench/edge.py``: what a site's edges save (issue 28), each strategy run twice on the
-same three-site site, through its edges and through the central broker only (the
-edges declared but not running: the strategy sees the same site, every group runs at
-the coordinator).
+"""``bench/edge.py``: what a site's edges save (issue 28), each strategy run twice on
+issue 28's three-site field, through the edges and through the central broker only.
 
-The site is made by the real commands (``covey site init``, ``covey site add-edge`` for
-each site's edge), its brokers are real mosquittos (``covey broker run``, ``covey edge
-run``), the boards are agent processes with their bundles, and the coordinator is
-``covey server run --site``. Each site's uplink is a :class:`~server.field.relay.Relay`
-with a rate and a one-way latency (``--uplink-mbit``, ``--uplink-ms``; default 4 Mbit/s
-and 50 ms, as issue 28's topology), shared by everything the site sends to or gets
-from the centre: through the edges, the edge's bridge dials it; centrally, each of the
-site's boards does. The boards' own links to their edge are loopback (unshaped) in both
-runs. All of it runs on this machine's loopback, not in network namespaces: the
-relays stand for the shaped uplinks (rate and latency in userspace).
+The field is ``examples/topologies/three-rooms.toml`` run by ``covey field-test``'s own
+code (:mod:`server.field.fieldtest`) in network namespaces: 3 rooms of 4 boards, each
+room on its own network (50 Mbit/s, 2 ms to its gateway), each gateway's uplink to the
+central broker 4 Mbit/s (``tbf``) and 50 ms one way (a relay), the real mosquittos,
+``covey server run``, ``covey edge run`` on the gateways and one agent per board. The
+central run (``--central``) keeps the same hosts and links, and its gateways only
+forward: every model crosses the uplinks. Both runs tell the coordinator the edges, so
+the strategy sees the same site (HierFAVG groups by edge). Needs root and mosquitto.
 
-``--faults`` instead runs HierFAVG through the edges for 3 rounds twice: the first
-site's ``covey edge run`` killed (SIGKILL) once a board of its round-2 group trained,
-then started again; and the first site's uplink cut for a minute once its round-2 group
-runs. ``edge_restart_lost_contributions`` and ``edge_uplink_cut_lost_contributions``:
-boards that logged a round's training whose result that round's models do not hold.
+Figures (central ÷ edge): ``edge_uplink_bytes_ratio_<strategy>`` (bytes on the
+gateways' uplinks, both directions, from round 2 on: round 1 also holds registration
+and the links' measurement) and ``edge_time_to_target_speedup_<strategy>`` (the rounds'
+wall time until the server accuracy first reaches the lower of the two runs' best),
+with the runs' own figures beside them.
+
+``--faults`` instead runs HierFAVG through the edges of a TLS site on this machine's
+loopback (``covey site init``, ``covey site add-edge``, ``covey broker run``, ``covey
+edge run``; each uplink a :class:`~server.field.relay.Relay` of 4 Mbit/s and 50 ms) for
+3 rounds twice: the first site's ``covey edge run`` killed (SIGKILL) once a board of its
+round-2 group trained, then started again; and the first site's uplink cut for a
+minute once its round-2 group runs. ``edge_restart_lost_contributions`` and
+``edge_uplink_cut_lost_contributions``: boards that logged a round's training whose
+result that round's models do not hold.
 
 ``--equivalence`` instead compares the simulator, told the same site, with 6 boards
 through 2 edges in one process (:func:`server.lab.edges.sim_vs_edges`):
 ``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP.
-
-Figures (central ÷ edge): ``edge_uplink_bytes_ratio_<strategy>`` (bytes on the uplinks,
-both directions) and ``edge_time_to_target_speedup_<strategy>`` (wall time until the
-server accuracy first reaches the lower of the two runs' best), with the runs' own
-figures beside them.
 """
 
 from __future__ import annotations
@@ -50,8 +50,11 @@ from typing import Any
 from covey.cli import main
 from covey.paths import femnist_dir
 from server.broker import free_port, wait_for_port
+from server.field.edges import EdgeMode
+from server.field.fieldtest import plan_field_test, run_field_test
 from server.field.relay import Impairment, Relay
 from server.fleet import leaf_writers, start_fleet
+from server.paths import ensure_model
 
 REPO = Path(__file__).resolve().parent.parent
 STRATEGIES = {
@@ -112,7 +115,6 @@ def one_run(
     work: Path,
     strategy: str,
     *,
-    edges: bool,
     sites: int,
     boards: int,
     rounds: int,
@@ -120,9 +122,10 @@ def one_run(
     learning: tuple[str, ...] = (),
     fault: Fault | None = None,
 ) -> dict[str, Any]:
-    """One run of ``strategy`` (with ``learning``'s extra flags, and ``fault`` beside it
-    once the edges are up); returns its uplink bytes, its rounds, its wall times and the
-    contributions lost (boards that logged a round's training its models do not hold)."""
+    """One run of ``strategy`` through the edges of a TLS site on loopback (with
+    ``learning``'s extra flags, and ``fault`` beside it once the edges are up); returns
+    its rounds, its wall times and the contributions lost (boards that logged a round's
+    training its models do not hold)."""
     names = [f"s{k}" for k in range(1, sites + 1)]
     members = {s: [f"{s}-{i}" for i in range(1, boards + 1)] for s in names}
     devices = [d for s in names for d in members[s]]
@@ -130,27 +133,16 @@ def one_run(
     port = free_port()
     argv = ["site", "init", str(site), "--host", "localhost", "--ip", "127.0.0.1", "--run", "edgebench"]
     assert main([*argv, "--port", str(port), "--loopback-port", str(free_port()), "--devices", *devices]) == 0
-    at_start: dict[str, int] = {}
     relays = {s: Relay(("127.0.0.1", 0), ("127.0.0.1", port), uplink, seed=k).start() for k, s in enumerate(names)}
     for s in names:
-        # both runs declare the edges, so the strategy sees the same site (HierFAVG groups
-        # by edge); centrally no edge runs, and each board dials the centre over its uplink
         argv = ["site", "add-edge", str(site), s, "--host", "localhost", "--ip", "127.0.0.1"]
-        edge_port = free_port()
-        assert main([*argv, "--port", str(edge_port), "--devices", *members[s]]) == 0
-        if edges:
-            conf = site / "edges" / s / "broker" / "mosquitto.conf"  # the bridge dials the site's uplink
-            conf.write_text(
-                conf.read_text().replace(f"address localhost:{port}", f"address localhost:{relays[s].port}")
-            )
-        else:
-            for d in members[s]:
-                toml = site / "devices" / d / "device.toml"
-                toml.write_text(toml.read_text().replace(f"localhost:{edge_port}", f"localhost:{relays[s].port}"))
+        assert main([*argv, "--port", str(free_port()), "--devices", *members[s]]) == 0
+        conf = site / "edges" / s / "broker" / "mosquitto.conf"  # the bridge dials the site's uplink
+        conf.write_text(conf.read_text().replace(f"address localhost:{port}", f"address localhost:{relays[s].port}"))
     procs = [covey("broker", "run", "--site", str(site), log=work / "central.log")]
     try:
         wait_for_port("127.0.0.1", port, 20, procs[0])
-        for s in names if edges else ():
+        for s in names:
             procs.append(covey("edge", "run", "--site", str(site), "--edge", s, log=work / f"edge-{s}.log"))
             wait_for_line(work / f"edge-{s}.log", f"edge {s}: group managers for", 60)
         root = femnist_dir()
@@ -165,10 +157,6 @@ def one_run(
             log_dir=work / "boards",
         ):
             state = work / "state"
-            # the uplinks' bytes from round 1's plan on (the coordinator journals it): what
-            # registration, the model download and the link measurement carried is left out
-            first = threading.Thread(target=snapshot_at_first_plan, args=(state, relays, at_start), daemon=True)
-            first.start()
             scene = Scene(work, site, names, relays, procs)
             faulty = threading.Thread(target=fault, args=(scene,), daemon=True) if fault else None
             if faulty is not None:
@@ -196,7 +184,6 @@ def one_run(
     return {
         "lost": len(trained - held),
         "skipped": sum(int(r["skipped"]) for r in rows),
-        "bytes": sum(r.carried["up"] + r.carried["down"] for r in relays.values()) - at_start["bytes"],
         "accuracy": [float(r["server_accuracy"]) for r in rows],
         "wall_s": [float(r["wall_s"]) for r in rows],
         "groups_at_edges": at_edges,
@@ -251,7 +238,6 @@ def faults(sites: int, boards: int, uplink: Impairment, only: str | None = None)
             run = one_run(
                 Path(tmp),
                 "hierfavg",
-                edges=True,
                 sites=sites,
                 boards=boards,
                 rounds=3,
@@ -262,15 +248,6 @@ def faults(sites: int, boards: int, uplink: Impairment, only: str | None = None)
         print(f"{name}: {run['skipped']} skipped, rounds {' '.join(f'{w:.1f}' for w in run['wall_s'])} s")
         print(f"figure edge_{name}_lost_contributions = {run['lost']}")
     return 0
-
-
-def snapshot_at_first_plan(state: Path, relays: dict[str, Relay], out: dict[str, int], timeout: float = 900) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if state.is_dir() and any(state.glob("journal*")):
-            break
-        time.sleep(0.02)
-    out["bytes"] = sum(r.carried["up"] + r.carried["down"] for r in relays.values())
 
 
 def time_to(target: float, run: dict[str, Any]) -> float:
@@ -307,45 +284,57 @@ def equivalence(rounds: int) -> int:
     return 0
 
 
+def field_run(topology: Path, strategy: str, mode: EdgeMode, rounds: int, out: Path) -> dict[str, Any]:
+    """``strategy`` on the field of ``topology`` (:mod:`server.field.fieldtest`) with the
+    gateways in ``mode``; returns its uplink bytes from round 2 on, its accuracy and wall
+    time per round, and the groups run at the edges."""
+    root = femnist_dir()
+    server_args = [*STRATEGIES[strategy], "--model", "mlp_femnist", "--rounds", str(rounds)]
+    server_args += ["--deadline", "300", "--register-timeout", "300", "--federated-eval-every", "0"]
+    plan = plan_field_test(topology, root, out, server_args, edge_mode=mode, timeout_s=3600)
+    run = run_field_test(plan, echo=False)
+    rows = json.loads((plan.state_dir / "results.json").read_text())["rounds"]
+    uplinks = run.traffic.uplinks[1:]
+    return {
+        "bytes": sum(b.up + b.down for b in uplinks),
+        "accuracy": [float(r["server_accuracy"]) for r in rows],
+        "wall_s": [float(r["wall_s"]) for r in rows],
+        "groups_at_edges": run.groups_at_edges,
+        "groups": sum(len(r["groups"]) for r in rows),
+        "skipped": sum(int(r["skipped"]) for r in rows),
+    }
+
+
 def main_bench(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--strategies", default=",".join(STRATEGIES), help="of " + ", ".join(STRATEGIES))
-    p.add_argument("--sites", type=int, default=3)
-    p.add_argument("--boards", type=int, default=4, help="boards per site")
+    p.add_argument("--topology", default=str(REPO / "examples" / "topologies" / "three-rooms.toml"))
     p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--uplink-mbit", type=float, default=4.0)
-    p.add_argument("--uplink-ms", type=float, default=50.0, help="one-way latency of each uplink")
     p.add_argument("--equivalence", action="store_true", help="the simulator against the edges instead")
     p.add_argument("--faults", action="store_true", help="an edge restarted and an uplink cut mid-round instead")
     p.add_argument("--fault", choices=("restart", "uplink_cut"), help="with --faults: this one only")
+    p.add_argument("--sites", type=int, default=3, help="with --faults: sites of the loopback site")
+    p.add_argument("--boards", type=int, default=4, help="with --faults: boards per site")
     args = p.parse_args(argv)
     if args.equivalence:
         return equivalence(args.rounds)
-    uplink = Impairment(latency_ms=args.uplink_ms, rate_mbit=args.uplink_mbit)
     if args.faults:
-        return faults(args.sites, args.boards, uplink, args.fault)
+        return faults(args.sites, args.boards, Impairment(latency_ms=50.0, rate_mbit=4.0), args.fault)
+    ensure_model("mlp_femnist")
     for strategy in args.strategies.split(","):
         runs = {}
-        for edges in (True, False):
+        for mode in (EdgeMode.EDGE, EdgeMode.CENTRAL):
             with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
-                os.chmod(tmp, 0o755)  # mosquitto (its own user) reads the site's files
-                runs[edges] = one_run(
-                    Path(tmp),
-                    strategy,
-                    edges=edges,
-                    sites=args.sites,
-                    boards=args.boards,
-                    rounds=args.rounds,
-                    uplink=uplink,
-                )
-        edge, central = runs[True], runs[False]
+                runs[mode] = field_run(Path(args.topology), strategy, mode, args.rounds, Path(tmp))
+        edge, central = runs[EdgeMode.EDGE], runs[EdgeMode.CENTRAL]
         target = min(max(edge["accuracy"]), max(central["accuracy"]))
         at_edges = f"{edge['groups_at_edges']} of {edge['groups']}"
         print(f"{strategy}: target accuracy {target:.3f}; groups run at edges {at_edges}")
         for name, run in (("edge", edge), ("central", central)):
             print(
-                f"  {name}: {run['bytes'] / 1e6:.1f} MB on the uplinks, rounds {sum(run['wall_s']):.1f} s, "
-                f"to target {time_to(target, run):.1f} s, accuracy by round "
+                f"  {name}: {run['bytes'] / 1e6:.1f} MB on the uplinks from round 2, "
+                f"rounds {sum(run['wall_s']):.1f} s, "
+                f"to target {time_to(target, run):.1f} s, {run['skipped']} skipped, accuracy by round "
                 + " ".join(f"{a:.3f}" for a in run["accuracy"])
             )
         print(f"figure edge_uplink_bytes_ratio_{strategy} = {central['bytes'] / edge['bytes']:.2f}")
