@@ -45,6 +45,7 @@ from device.protocol import (
     send_model,
 )
 from device.transport import Link, LinkFactory
+from server.aggregation.dsc_weights import angle_weights
 from server.aggregation.fedavg import weighted_average
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
 from server.edge.proxy import HELD_MODELS, edge_topics, edge_user, model_key
@@ -54,7 +55,7 @@ from server.execution.ports import PolledBus
 from server.execution.round import ExecutionSettings, RoundExecution
 from server.execution.shared import SharedModels
 from server.hops import HopBound
-from server.strategies.base import GroupPlan, GroupResult, TrainConfig
+from server.strategies.base import GroupPlan, GroupResult, GroupRule, TrainConfig
 
 log = logging.getLogger("covey.edge")
 REPORTS_KEPT = 64  # finished tasks whose report a repeated task gets again
@@ -81,7 +82,7 @@ class EdgeSettings:
 class _Running:
     task: EdgeTask
     manager: GroupManager
-    n_params: int
+    start: np.ndarray
 
 
 class EdgeHost:
@@ -266,7 +267,7 @@ class EdgeHost:
         if payload is None:
             return True, True
         try:
-            weights = check_weights(payload, owner.n_params, None)
+            weights = check_weights(payload, int(owner.start.shape[0]), None)
         except ProtocolError as exc:
             self.execution.on_refused(device, task_id or "", f"its output was refused ({exc})")
             raise
@@ -338,7 +339,7 @@ class EdgeHost:
             deadline_s=task.deadline_s,
         )
         self.execution.managers.append(manager)
-        self.running[task.key] = _Running(task, manager, int(start.shape[0]))
+        self.running[task.key] = _Running(task, manager, start)
         if self.state is not None:
             self.state.save_model(start)
             self._persist()
@@ -351,7 +352,7 @@ class EdgeHost:
         manager.release()
         self.execution.managers.remove(manager)
         del self.running[task.key]
-        model = group_model(result)
+        model = group_model(result, r.task.rule, r.start)
         if model is not None:
             self._hold(model)
         report = EdgeReport(
@@ -401,9 +402,26 @@ class EdgeHost:
         self._publish(self.topics.results(self.user), data)
 
 
-def group_model(result: GroupResult) -> np.ndarray | None:
-    """The one model a group sends up: a chain's last, or the sample-weighted mean of the
-    parallel members' models (FedAvg-IC Eq. 5's group aggregation); None if none came."""
+def group_model(
+    result: GroupResult, rule: GroupRule = "sample_mean", start: np.ndarray | None = None
+) -> np.ndarray | None:
+    """The one model a group sends up: a chain's last, or the parallel members' models
+    aggregated by ``rule``: their sample-weighted mean (FedAvg-IC Eq. 5's group
+    aggregation), or ``start`` plus DSC's angle-weighted update (Sun et al. Eq. 2 with
+    Eq. 4's weights, as :class:`~server.strategies.dsc.DSC` aggregates a group). None if
+    no member returned a model.
+
+    Parameters
+    ----------
+    result : the group's result at the edge.
+    rule : how the members' models become one (:data:`~server.strategies.base.GroupRule`).
+    start : the group's start model (``dsc_angle`` needs it: the updates are taken from it).
+
+    Returns
+    -------
+    np.ndarray or None
+        float32, the shape of the members' models.
+    """
     if result.final_weights is not None:
         return np.asarray(result.final_weights, np.float32)
     returned: Sequence[tuple[np.ndarray, int]] = [
@@ -411,4 +429,11 @@ def group_model(result: GroupResult) -> np.ndarray | None:
     ]
     if not returned:
         return None
+    if rule == "dsc_angle":
+        if start is None:
+            raise ValueError("the dsc_angle rule needs the group's start model")
+        w = np.asarray(start, np.float64)
+        updates = np.stack([m for m, _ in returned]).astype(np.float64) - w
+        weights = angle_weights(-updates, np.array([n for _, n in returned]))
+        return (w + weights @ updates).astype(np.float32)
     return weighted_average([w for w, _ in returned], [n for _, n in returned])

@@ -51,7 +51,9 @@ class EdgeTask:
 
     ``task_prefix`` is the coordinator's for this plan, so each member's task id is the
     one the coordinator would have used (acknowledged after its checkpoint as usual);
-    ``model`` the sha256 of the start model's float32 bytes."""
+    ``model`` the sha256 of the start model's float32 bytes; ``rule`` how a parallel
+    group's members' models become the one model sent up
+    (:data:`~server.strategies.base.GroupRule`)."""
 
     round: Annotated[int, AtLeast(1)]
     group_id: Annotated[int, AtLeast(0)]
@@ -65,6 +67,7 @@ class EdgeTask:
     handoff: Literal["direct", "relay"]
     model: Annotated[str, MaxLen(64)]
     hop: HopLimits | None = None
+    rule: Literal["sample_mean", "dsc_angle"] = "sample_mean"  # a parallel group's one model (GroupRule)
 
     @property
     def key(self) -> str:

@@ -153,6 +153,7 @@ class EdgeBook:
             handoff if group.mode == "chain" else "relay",
             model_key(start),
             limits,
+            group.group_rule,
         )
         return EdgeGroupProxy(group, round_, start, train, book=self, edge=name, task=task, topics=self.topics)
 

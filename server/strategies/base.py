@@ -75,6 +75,12 @@ class TrainConfig:
         return LocalTraining(self.epochs, self.batch_size, float(self.lr), float(self.mu), self.max_steps)
 
 
+# How a ``mean_only`` group's members' models become its one model: their
+# sample-weighted mean (FedAvg-IC Eq. 5, HierFAVG's edge aggregation), or DSC's
+# angle-weighted aggregate (Sun et al. Eq. 2 and 4, server/aggregation/dsc_weights.py)
+GroupRule = Literal["sample_mean", "dsc_angle"]
+
+
 @dataclass(frozen=True)
 class GroupPlan:
     """One group's work this round."""
@@ -83,10 +89,11 @@ class GroupPlan:
     members: tuple[str, ...]
     mode: GroupMode
     start_model: str  # key into RoundPlan.models
-    # parallel groups: the strategy uses only the sample-weighted mean of the members'
-    # models, so a manager near the members (a site's edge, server/edge/) may send that
-    # mean alone (GroupResult.group_mean) instead of every member's model
+    # parallel groups: the strategy uses only one aggregate of the members' models, made
+    # by ``group_rule``, so a manager near the members (a site's edge, server/edge/) may
+    # send that aggregate alone (GroupResult.group_mean) instead of every member's model
     mean_only: bool = False
+    group_rule: GroupRule = "sample_mean"
 
     def __post_init__(self) -> None:
         if self.mode not in ("chain", "parallel"):

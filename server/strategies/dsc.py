@@ -68,7 +68,12 @@ class DSC(GroupModelStrategy):
         by_group: dict[int, list[str]] = {}
         for c in chosen:
             by_group.setdefault(self.assignment[c], []).append(c)
-        plans = tuple(GroupPlan(g, tuple(m), "parallel", "global") for g, m in sorted(by_group.items()))
+        # only each group's Eq. 2/4 aggregate reaches Eq. 3: a group whose members all sit
+        # behind one edge may be aggregated there, the edge as the group's leader
+        plans = tuple(
+            GroupPlan(g, tuple(m), "parallel", "global", mean_only=True, group_rule="dsc_angle")
+            for g, m in sorted(by_group.items())
+        )
         return RoundPlan(rnd, plans, {"global": self.global_weights}, self.train)
 
     def model_for(self, client_id: str) -> np.ndarray:

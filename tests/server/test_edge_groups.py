@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,7 @@ from device.errors import ConfigError, ProtocolError
 from device.protocol import LocalTraining, Topics
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
-from server.edge.host import EdgeHost, EdgeSettings
+from server.edge.host import EdgeHost, EdgeSettings, group_model
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
 from server.edge.proxy import EdgeBook, model_key
 from server.edge.state import EdgeState
@@ -44,20 +45,68 @@ def fedgsp() -> Strategy:
     return make_strategy("fedgsp", train=TrainConfig(1, 10, 0.05, max_steps=5))
 
 
+def dsc() -> Strategy:
+    return make_strategy("dsc", clients_per_round=len(IDS), train=TrainConfig(1, 10, 0.05, max_steps=5))
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [hierfavg, fedgsp], ids=["hierfavg", "fedgsp"])
+@pytest.mark.parametrize("make", [hierfavg, fedgsp, dsc], ids=["hierfavg", "fedgsp", "dsc"])
 def test_the_simulator_given_the_site_gives_the_edges_models(make: Callable[[], Strategy], tmp_path: Path) -> None:
     # Prepare, execute: the simulator told the site's edges, and the boards through them
-    # (the simulator gives the central run's models: tests/mqtt/test_equivalence.py)
+    # (the simulator gives the central run's models: tests/mqtt/test_equivalence.py).
+    # DSC groups by links and labels, not by room: with every board behind one edge, each
+    # of its groups is the edge's to aggregate (Eq. 2 and 4 there, Eq. 3 centrally)
+    edges = {"a": tuple(IDS)} if make is dsc else EDGES
     diff, hosts = sim_vs_edges(
-        make, federation(femnist_root(), IDS), ensure_model("mlp_femnist"), tmp_path, edges=EDGES, rounds=3
+        make, federation(femnist_root(), IDS), ensure_model("mlp_femnist"), tmp_path, edges=edges, rounds=3
     )
 
-    # Assert: groups ran at both edges (HierFAVG's every one: a group per edge and round)
-    # and the models agree (fp32: the means differ only by rounding; a chain not at all)
+    # Assert: groups ran at the edges (HierFAVG's every one: a group per edge and round;
+    # DSC's every one) and the models agree (fp32: the aggregates differ only by rounding;
+    # a chain not at all)
     done = [h.groups_done for h in hosts]
-    assert done == [3, 3] if make is hierfavg else min(done) > 0, done
-    assert diff <= (1e-5 if make is hierfavg else 0.0)
+    if make is hierfavg:
+        assert done == [3, 3], done
+    elif make is dsc:
+        assert done[0] >= 3, done
+    else:
+        assert min(done) > 0, done
+    assert diff <= (0.0 if make is fedgsp else 1e-5)
+
+
+def test_dscs_group_aggregated_at_the_edge_gives_the_global_model_of_its_members() -> None:
+    # Prepare: two DSC groups' members, and the same start model
+    rng = np.random.default_rng(0)
+    start = rng.normal(0, 1, 50).astype(np.float32)
+    groups = [[start + rng.normal(0, 0.1, 50).astype(np.float32) for _ in range(k)] for k in (3, 2)]
+    samples = [[5, 9, 2], [7, 4]]
+
+    def members(g: int) -> tuple[MemberResult, ...]:
+        return tuple(
+            MemberResult(f"d{g}{i}", n, 1.0, w) for i, (n, w) in enumerate(zip(samples[g], groups[g], strict=True))
+        )
+
+    def global_model(results: list[GroupResult]) -> np.ndarray:
+        strategy = dsc()
+        strategy.global_weights = start.copy()
+        plans = tuple(GroupPlan(g, tuple(m.client_id for m in members(g)), "parallel", "global") for g in (0, 1))
+        strategy.aggregate(1, RoundPlan(1, plans, {"global": start}), results)
+        assert strategy.global_weights is not None
+        return strategy.global_weights
+
+    # Execute: centrally from every member; with group 0 aggregated at an edge (its
+    # members' models stay there, only their counts come up)
+    central = global_model([GroupResult(g, members(g)) for g in (0, 1)])
+    at_edge = group_model(GroupResult(0, members(0)), "dsc_angle", start)
+    assert at_edge is not None
+    counts = tuple(replace(m, weights=None) for m in members(0))
+    edged = global_model([GroupResult(0, counts, group_mean=at_edge, managed_by="a"), GroupResult(1, members(1))])
+
+    # Assert: the same global model (Eq. 3 over Eq. 2/4's group models), and not the
+    # sample-weighted mean a HierFAVG edge sends
+    np.testing.assert_allclose(edged, central, atol=1e-6)
+    mean = group_model(GroupResult(0, members(0)))
+    assert mean is not None and np.abs(mean - at_edge).max() > 1e-4
 
 
 def test_a_group_mean_counts_as_one_member_with_its_members_samples() -> None:
