@@ -25,6 +25,13 @@ minute once its round-2 group runs. ``edge_restart_lost_contributions`` and
 ``edge_uplink_cut_lost_contributions``: boards that logged a round's training whose
 result that round's models do not hold.
 
+``--scale`` instead runs one coordinator with 4 edges and 1,000 devices (real agents, a
+few processes of them: :mod:`server.lab.swarm`, Synthetic(1, 1) and MCLR) for 5 rounds
+of HierFAVG, and the same devices on the central broker alone
+(:func:`server.lab.edge_scale.scale_run`): ``edge_scale_devices``,
+``edge_scale_coordinator_cpu_s_per_round`` and its RSS, the edges' CPU and RSS, and the
+central reference's.
+
 ``--equivalence`` instead compares the simulator, told the same site, with 6 boards
 through 2 edges in one process (:func:`server.lab.edges.sim_vs_edges`):
 ``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP.
@@ -284,6 +291,46 @@ def equivalence(rounds: int) -> int:
     return 0
 
 
+def scale_one(devices: int, rounds: int, through_edges: bool) -> int:
+    """One scale run in this process (its peak RSS is the coordinator's); prints it as JSON."""
+    from dataclasses import asdict
+
+    from server.lab.edge_scale import scale_run
+
+    with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
+        run = scale_run(Path(tmp), devices=devices, rounds=rounds, through_edges=through_edges)
+    print(json.dumps(asdict(run)))
+    return 0
+
+
+def scale(devices: int, rounds: int) -> int:
+    """The scale run through the edges and centrally, each in a process of its own."""
+    from server.lab.edge_scale import ScaleFigures
+
+    runs = {}
+    for mode in ("edges", "central"):
+        argv = [sys.executable, __file__, "--scale-one", mode, "--devices", str(devices), "--rounds", str(rounds)]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=7200, cwd=REPO).stdout
+        runs[mode] = ScaleFigures(**json.loads(out.strip().splitlines()[-1]))
+    edge, central = runs["edges"], runs["central"]
+    for name, run in (("edges", edge), ("central", central)):
+        print(
+            f"{name}: {run.devices} devices, {run.rounds} rounds of {run.wall_s_per_round:.1f} s, trained per round "
+            f"{run.trained_per_round}; coordinator {run.coordinator_cpu_s_per_round:.2f} CPU s per round, "
+            f"{run.coordinator_rss_mb:.0f} MB RSS; brokers' CPU s per round "
+            + ", ".join(f"{b} {s:.2f}" for b, s in run.broker_cpu_s_per_round.items())
+        )
+    print(f"groups run at the edges: {edge.groups_at_edges} of {rounds * len(edge.edge_cpu_s_per_round)}")
+    print(f"figure edge_scale_devices = {edge.devices}")
+    print(f"figure edge_scale_coordinator_cpu_s_per_round = {edge.coordinator_cpu_s_per_round:.2f}")
+    print(f"figure edge_scale_coordinator_rss_mb = {edge.coordinator_rss_mb:.0f}")
+    print(f"figure edge_scale_edge_cpu_s_per_round_max = {max(edge.edge_cpu_s_per_round):.2f}")
+    print(f"figure edge_scale_edge_rss_mb_max = {max(edge.edge_rss_mb):.0f}")
+    print(f"figure central_scale_coordinator_cpu_s_per_round = {central.coordinator_cpu_s_per_round:.2f}")
+    print(f"figure central_scale_coordinator_rss_mb = {central.coordinator_rss_mb:.0f}")
+    return 0
+
+
 def field_run(topology: Path, strategy: str, mode: EdgeMode, rounds: int, out: Path) -> dict[str, Any]:
     """``strategy`` on the field of ``topology`` (:mod:`server.field.fieldtest`) with the
     gateways in ``mode``; returns its uplink bytes from round 2 on, its accuracy and wall
@@ -313,11 +360,18 @@ def main_bench(argv: list[str] | None = None) -> int:
     p.add_argument("--equivalence", action="store_true", help="the simulator against the edges instead")
     p.add_argument("--faults", action="store_true", help="an edge restarted and an uplink cut mid-round instead")
     p.add_argument("--fault", choices=("restart", "uplink_cut"), help="with --faults: this one only")
+    p.add_argument("--scale", action="store_true", help="1,000 devices behind 4 edges instead")
+    p.add_argument("--scale-one", choices=("edges", "central"), help=argparse.SUPPRESS)
+    p.add_argument("--devices", type=int, default=1000, help="with --scale: devices in all")
     p.add_argument("--sites", type=int, default=3, help="with --faults: sites of the loopback site")
     p.add_argument("--boards", type=int, default=4, help="with --faults: boards per site")
     args = p.parse_args(argv)
     if args.equivalence:
         return equivalence(args.rounds)
+    if args.scale_one:
+        return scale_one(args.devices, args.rounds, args.scale_one == "edges")
+    if args.scale:
+        return scale(args.devices, rounds=5)
     if args.faults:
         return faults(args.sites, args.boards, Impairment(latency_ms=50.0, rate_mbit=4.0), args.fault)
     ensure_model("mlp_femnist")

@@ -38,13 +38,15 @@ class EdgeMode(Enum):
     CENTRAL = "central"
 
 
-def edge_config_text(run: str, name: str, devices: Sequence[str], *, listen: str, uplink: str) -> str:
+def edge_config_text(
+    run: str, name: str, devices: Sequence[str], *, listen: str, uplink: str, port: int = EDGE_PORT
+) -> str:
     """A room's mosquitto.conf in a field test: an anonymous listener on the room's
     address (for its boards and the edge host) and the bridge to the central broker at
     ``uplink`` (``host:port``, the uplink relay)."""
     lines = [
         f"# the edge {name} of a field test: the room's broker, bridged to the central one over the uplink",
-        f"listener {EDGE_PORT} {listen}",
+        f"listener {port} {listen}",
         "allow_anonymous true",
         "persistence false",
         "message_size_limit 0",
