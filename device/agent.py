@@ -71,6 +71,12 @@ log = logging.getLogger("covey.device")
 PEER_LANE_MESSAGES = 1_000
 PEER_LANE_BYTES = 64 * 2**20
 PARTIAL_MAX_AGE_S = 120.0  # a partial payload with no chunk for this long is dropped
+# a registration goes again after this long until a request other than a ping comes (a
+# ping answered may still be a registration evicted since): a coordinator whose admission
+# queue was full when a whole fleet registered at once dropped it unanswered
+# (server/coordinator/admission.py), and would otherwise never hear from this device; a
+# known device registering again only has its record replaced
+REREGISTER_S = 60.0
 
 
 @dataclass
@@ -134,6 +140,7 @@ class Agent:
         self._peers_subscribed: set[str] = set()  # peers whose hand-off topic to this device is subscribed
         self._listening: dict[str, float] = {}  # peer -> until when (monotonic) a listen lets it in
         self._server_epoch: str | None = None
+        self._unanswered_since: float | None = None  # last registration, until a request comes (REREGISTER_S)
         self.running = True
         self.prober: LinkProber | None = None  # the link-probe request in progress
         self.exit_reason: str | None = None  # set when the server tells the agent to leave for good
@@ -187,6 +194,7 @@ class Agent:
             platform=board.describe(self.model.backend.name, self.model.backend.version),
         )
         self._send(body, 0, self.topics.register(self.me))
+        self._unanswered_since = time.monotonic()
         log.info("%s: registered (%d samples)", self.me, body.n_samples)
 
     def _send(self, body: Any, rnd: int, topic: str | None = None) -> None:
@@ -205,6 +213,10 @@ class Agent:
             if self.link.connections > connections:  # reconnected: what the broker may have lost goes again
                 connections = self.link.connections
                 self._redeliver_held("reconnected")
+            since = self._unanswered_since
+            if since is not None and self.model is not None and time.monotonic() - since > REREGISTER_S:
+                log.info("%s: no request in %.0f s since registering; registering again", self.me, REREGISTER_S)
+                self._register()
             probing = self.prober is not None and not self.prober.done
             if probing:
                 self._tick_prober()
@@ -344,7 +356,9 @@ class Agent:
         body = msg.body
         if isinstance(body, Ping):
             self._send(Pong(body.t), msg.round)
-        elif isinstance(body, Stop):
+            return
+        self._unanswered_since = None  # a request: the coordinator knows this device
+        if isinstance(body, Stop):
             log.info("%s: the server ended the run%s", self.me, f": {body.reason}" if body.reason else "")
             self.running = False
         elif isinstance(body, ResendRequest):

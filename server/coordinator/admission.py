@@ -16,7 +16,9 @@ A registration from an id the registry does not know goes through, in order:
 
 The pending queue holds at most ``max_pending`` registrations; beyond that the oldest
 is evicted (a legitimate device then stays out until it registers again: use an
-allowlist when that matters). A pending device is pinged again every ``repeat_s``
+allowlist when that matters). With an allowlist the queue holds the whole list: only
+listed ids can queue, so it cannot be flooded, and a site whose boards all start at
+once (power back after an outage) must not push its own boards out. A pending device is pinged again every ``repeat_s``
 seconds. Re-registrations of known devices (new counts, a new coordinator epoch)
 skip all of this. Every refusal and eviction is counted by reason (``counts``).
 """
@@ -78,7 +80,8 @@ class Admission:
     allowed : the provisioned ids (``None``: an open run, anyone may register).
     max_devices : confirmed plus pending devices at most.
     rate, burst : confirmation pings per second, and how many may leave at once.
-    max_pending : registrations waiting for their ping's answer at most.
+    max_pending : registrations waiting for their ping's answer at most (at least the
+        allowlist's length when there is one).
     repeat_s : a pending device is pinged again after this many seconds.
     """
 
@@ -96,6 +99,8 @@ class Admission:
         if max_devices < 1 or max_pending < 1 or not repeat_s > 0:
             raise ValueError("max_devices and max_pending must be at least 1 and repeat_s positive")
         self.allowed = allowed
+        if allowed is not None:
+            max_pending = max(max_pending, len(allowed))
         self.max_devices, self.max_pending, self.repeat_s = max_devices, max_pending, repeat_s
         self.bucket = TokenBucket(rate, burst, clock)
         self.clock = clock

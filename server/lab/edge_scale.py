@@ -142,6 +142,7 @@ def scale_run(
             deadline_s=600.0,
             max_devices=devices,
             max_registrations_per_s=100.0,
+            allowed_devices=frozenset(ids),  # as a site's provisioned ids: all 1,000 may queue for their ping
             edges=dict(rooms) if through_edges else {},
         )
         strategy = make_strategy("hierfavg", train=TrainConfig(1, 10, 0.05, max_steps=5), tau2=2)

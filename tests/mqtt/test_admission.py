@@ -94,3 +94,40 @@ def test_a_flood_of_fake_registrations_does_not_stop_the_run(broker, femnist_eva
         assert counts["evicted before confirming"] + pending == FAKES
         assert records[0].dropped["registration evicted before confirming"] == counts["evicted before confirming"]
     print(f"{FAKES} fake registrations published in {flood_s:.1f} s ({mode} run)")
+
+
+def test_boards_pushed_out_of_a_full_admission_queue_register_again_and_join(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: an open run whose admission queue holds one registration, and three boards
+    # registering at once: two are evicted unanswered (bench/edge.py --scale lost 744 of
+    # 1,000 so, and the run waited for them until its timeout)
+    import device.agent
+    from covey.paths import ensure_model
+    from server.coordinator.admission import Admission
+    from server.lab.edges import federation
+    from server.loopback import LoopbackBroker, LoopbackFleet
+
+    monkeypatch.setattr(device.agent, "REREGISTER_S", 1.0, raising=False)
+    broker, run = LoopbackBroker(), "readmit"
+    data = federation(femnist_root(), REAL[:3])
+    config = CoordinatorConfig(run, "", 0, tmp_path / "state", deadline_s=20.0)
+    coord = Coordinator(
+        config,
+        make_strategy("fedavg", train=TrainConfig(1, 10, 0.01), clients_per_round=3),
+        ensure_model("mlp_femnist"),
+        link_factory=broker.link,
+    )
+    coord.registry.admission = Admission(max_pending=1)
+    coord.connect()
+    try:
+        with LoopbackFleet(broker, {d: (c.train, c.test) for d, c in data.items()}, run=run, state_dir=tmp_path):
+            # Execute
+            coord.wait_for_devices(3, timeout=60)
+
+            # Assert: every board joined; at least one had been pushed out first
+            assert sorted(coord.devices) == REAL[:3]
+            assert coord.registry.admission.counts.get("evicted before confirming", 0) >= 1
+            coord.stop_devices()
+    finally:
+        coord.close()

@@ -74,6 +74,22 @@ def test_the_oldest_pending_registration_is_evicted_when_the_queue_is_full() -> 
     assert admission.counts == {"evicted before confirming": 1}
 
 
+def test_a_site_of_1000_provisioned_boards_starting_at_once_all_wait_for_their_ping() -> None:
+    # Prepare: a site's allowlist (the provisioned ids), every board registering at once,
+    # as when the site's power comes back (bench/edge.py --scale found 744 of 1,000 evicted
+    # and never admitted: an agent registers again only for a new coordinator)
+    ids = [f"s{k:04d}" for k in range(1000)]
+    admission = Admission(allowed=frozenset(ids))
+
+    # Execute
+    evicted = [d for device in ids for d in admission.request(device, BODY, 0)]
+
+    # Assert: none is pushed out; an id off the list still is refused before it queues
+    assert evicted == [] and len(admission.pending) == 1000 and admission.counts == {}
+    with pytest.raises(AdmissionError, match="not on the allowlist"):
+        admission.request("stranger", BODY, 0)
+
+
 def test_pings_leave_at_the_rate_and_only_the_echo_of_a_ping_confirms() -> None:
     # Prepare
     clock = Clock()
