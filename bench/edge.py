@@ -34,7 +34,8 @@ central reference's.
 
 ``--equivalence`` instead compares the simulator, told the same site, with 6 boards
 through 2 edges in one process (:func:`server.lab.edges.sim_vs_edges`):
-``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP.
+``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP, and DSC with the 6 boards
+behind one edge (its groups follow links and labels, not rooms).
 """
 
 from __future__ import annotations
@@ -275,18 +276,21 @@ def equivalence(rounds: int) -> int:
     ids = [f"dev{i:03d}" for i in range(6)]
     edges = {"a": tuple(ids[:3]), "b": tuple(ids[3:])}
     train = TrainConfig(1, 10, 0.05, max_steps=5)
-    makers = {"hierfavg": {"tau2": 2}, "fedgsp": {}}
+    makers: dict[str, dict[str, Any]] = {"hierfavg": {"tau2": 2}, "fedgsp": {}, "dsc": {"clients_per_round": 6}}
     for name, params in makers.items():
+        # DSC groups by links and labels, not by room: every board behind one edge
+        site = {"a": tuple(ids)} if name == "dsc" else edges
         with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
             diff, hosts = sim_vs_edges(
                 lambda: make_strategy(name, train=train, **params),  # noqa: B023 (called at once)
                 federation(femnist_dir(), ids),
                 ensure_model("mlp_femnist"),
                 Path(tmp),
-                edges=edges,
+                edges=site,
                 rounds=rounds,
             )
-        print(f"{name}: {sum(h.groups_done for h in hosts)} groups run at the 2 edges over {rounds} rounds")
+        at = f"the {len(site)} edges" if len(site) > 1 else "the edge"
+        print(f"{name}: {sum(h.groups_done for h in hosts)} groups run at {at} over {rounds} rounds")
         print(f"figure sim_edge_max_abs_diff_{name} = {diff:.3g}")
     return 0
 
