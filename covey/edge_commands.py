@@ -40,7 +40,7 @@ def _run_plain_edge(args: argparse.Namespace) -> int:
     """An edge whose broker already runs (a field test's room, or a mosquitto bridged by
     hand): anonymous, no TLS; the edge host only."""
     from device.cli import parse_broker
-    from server.edge.host import EdgeHost, EdgeSettings
+    from server.edge.host import EdgeHost, EdgeSettings, board_list
 
     host_name, port = parse_broker(args.broker)
     devices = tuple(d for d in args.devices.split(",") if d)
@@ -54,7 +54,7 @@ def _run_plain_edge(args: argparse.Namespace) -> int:
         host.resume()
         if host.resumed:
             print(f"edge {args.edge}: took up {host.resumed} groups again from {state_dir}", flush=True)
-        print(f"edge {args.edge}: group managers for {', '.join(devices)} on {host_name}:{port}", flush=True)
+        print(f"edge {args.edge}: group managers for {board_list(devices)} on {host_name}:{port}", flush=True)
         host.serve(stop)
     finally:
         with contextlib.suppress(Exception):
@@ -76,7 +76,7 @@ def _stopped_line(name: str, host: EdgeHost) -> str:
 def _run_site_edge(args: argparse.Namespace) -> int:
     from device.mqtt import TlsFiles
     from server.broker import wait_for_port
-    from server.edge.host import EdgeHost, EdgeSettings
+    from server.edge.host import EdgeHost, EdgeSettings, board_list
     from server.site import load_site
     from server.site.edge import edge_dir
     from server.site.edge_files import load_edge
@@ -123,7 +123,7 @@ def _run_site_edge(args: argparse.Namespace) -> int:
         host.resume()
         if host.resumed:
             print(f"edge {edge.name}: took up {host.resumed} groups again from {state_dir}", flush=True)
-        print(f"edge {edge.name}: group managers for {', '.join(edge.devices)} on port {edge.port}", flush=True)
+        print(f"edge {edge.name}: group managers for {board_list(edge.devices)} on port {edge.port}", flush=True)
         host.serve(stop)
     finally:
         with contextlib.suppress(Exception):

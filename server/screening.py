@@ -310,7 +310,8 @@ def screen_results(
             # held to a member's bound: averaging shrinks honest updates, so a mean above
             # it carries at least one member far above it (the edge lied or let it through)
             norm = update_norm(start, r.group_mean)
-            updates.append(_Update(i, tuple(m.client_id for m in r.members), "member", norm, group_mean=True))
+            behind = [m.client_id for m in r.members if r.group_mean_samples is None or m.weights is None]
+            updates.append(_Update(i, tuple(behind), "member", norm, group_mean=True))
         if g.mode == "chain" and r.final_weights is not None and r.members:
             per_member = update_norm(start, r.final_weights) / float(np.sqrt(len(r.members)))
             updates.append(_Update(i, tuple(m.client_id for m in r.members), "chain", per_member))

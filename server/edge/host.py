@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,7 +149,7 @@ class EdgeHost:
         root = self.topics.root
         self.link.subscribe(f"{root}/from/+/results", f"{root}/from/+/frames", self.tasks_topic, self.models_topic)
         self._publish(self.status_topic, b"online", True)
-        log.info("edge %s: managing groups of %s for run %s", self.settings.name, ", ".join(sorted(self.devices)), root)
+        log.info("edge %s: managing groups of %s for run %s", self.settings.name, board_list(self.devices), root)
 
     def resume(self) -> None:
         """Take up what the edge was doing before it stopped (``state_dir``): its finished
@@ -400,6 +400,14 @@ class EdgeHost:
                 extra=FrameExtra(report.key, position=0),
             )
         self._publish(self.topics.results(self.user), data)
+
+
+def board_list(devices: Iterable[str], shown: int = 6) -> str:
+    """Boards for a log line: all of a few, else how many and the first and last."""
+    ordered = sorted(devices)
+    if len(ordered) <= shown:
+        return ", ".join(ordered)
+    return f"{len(ordered)} boards ({ordered[0]} ... {ordered[-1]})"
 
 
 def group_model(

@@ -121,6 +121,19 @@ class EdgeBook:
             held.remove(key)
         held.appendleft(key)
 
+    def parts_of(self, group: GroupPlan) -> dict[str, tuple[str, ...]]:
+        """For a group that spans rooms: each online edge's members of it, where it has
+        two or more (one member's mean is its own model: nothing saved), in the group's
+        order; the rest run at the coordinator (:mod:`server.execution.split`)."""
+        if self.codec != "fp32":
+            return {}
+        parts = {
+            name: tuple(m for m in group.members if m in devices)
+            for name, devices in self.edges.items()
+            if self.online.get(name)
+        }
+        return {name: members for name, members in parts.items() if len(members) >= 2}
+
     def manager_for(
         self,
         group: GroupPlan,

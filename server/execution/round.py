@@ -13,7 +13,7 @@ late reply to the first plan can pass for one to the second.
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import numpy as np
@@ -26,6 +26,7 @@ from server.execution.group_sender import Handoff
 from server.execution.manager import GroupManager, ParallelManager
 from server.execution.ports import Clock, ExecutionBus
 from server.execution.shared import SharedModels
+from server.execution.split import SplitGroupManager, splittable
 from server.hops import HopBound
 from server.strategies.base import GroupPlan, GroupResult, RoundPlan, TrainConfig
 
@@ -49,6 +50,10 @@ class Placement(Protocol):
         handoff: Handoff,
     ) -> GroupManager | None:
         """The manager of ``group`` when it runs elsewhere, else None."""
+
+    def parts_of(self, group: GroupPlan) -> dict[str, tuple[str, ...]]:
+        """Members of ``group`` worth running elsewhere as parts of it, by where (the
+        rest run here; :mod:`server.execution.split`); empty: no split."""
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,8 @@ class RoundExecution:
                 placed = self.placement and self.placement.manager_for(
                     g, plan.round, start, plan.train, task_prefix=prefix, seed=seed, hop=hop, handoff=handoff
                 )
+                if not placed and self.placement and splittable(g):
+                    placed = self._split(g, plan.round, start, plan.train, prefix, seed, hop)
                 manager = placed or self.make_manager(
                     g, plan.round, start, plan.train, task_prefix=prefix, seed=seed, hop=hop, handoff=handoff
                 )
@@ -155,6 +162,43 @@ class RoundExecution:
             for m in self.managers:
                 m.release()  # no shared start model outlives its round on the broker
         return [m.result() for m in self.managers]
+
+    def _split(
+        self,
+        g: GroupPlan,
+        round_: int,
+        start: np.ndarray,
+        train: TrainConfig,
+        prefix: str,
+        seed: int,
+        hop: HopBound | None,
+    ) -> GroupManager | None:
+        """``g`` as parts where its placement runs some of it elsewhere (each part's task
+        ids under a prefix of its own: positions restart in each part), else None."""
+        assert self.placement is not None
+        away = self.placement.parts_of(g)
+        parts: list[GroupManager] = []
+        for where, members in away.items():
+            part = self.placement.manager_for(
+                replace(g, members=members),
+                round_,
+                start,
+                train,
+                task_prefix=f"{prefix}-{where}",
+                seed=seed,
+                hop=hop,
+                handoff="relay",
+            )
+            if part is None:
+                return None
+            parts.append(part)
+        rest = tuple(d for d in g.members if not any(d in m for m in away.values()))
+        if rest:
+            here = replace(g, members=rest)
+            parts.append(
+                self.make_manager(here, round_, start, train, task_prefix=prefix, seed=seed, hop=hop, handoff="relay")
+            )
+        return SplitGroupManager(g, parts) if len(parts) > 1 else None
 
     def make_manager(
         self,

@@ -147,8 +147,10 @@ class GroupResult:
     their training failed (the chain continued from their input; :mod:`server.hops`).
 
     A parallel group planned ``mean_only`` and run by an edge (``managed_by``) lists its
-    members without their models and carries their sample-weighted mean in
-    ``group_mean`` instead (:func:`returned` hands it on as one member)."""
+    members without their models and carries their aggregate in ``group_mean`` instead
+    (:func:`returned` hands it on as one member). A group split between edges and the
+    coordinator (:mod:`server.execution.split`) carries the models of the members run
+    here and the edges' combined mean, of ``group_mean_samples`` samples."""
 
     group_id: int
     members: tuple[MemberResult, ...]
@@ -157,6 +159,7 @@ class GroupResult:
     refused: tuple[str, ...] = ()
     group_mean: np.ndarray | None = field(default=None, repr=False)
     managed_by: str | None = None  # the edge that ran the group; None: the coordinator
+    group_mean_samples: int | None = None  # the samples behind group_mean; None: every member's
 
     @property
     def n_samples(self) -> int:
@@ -349,8 +352,9 @@ def returned(results: Sequence[GroupResult]) -> list[tuple[MemberResult, np.ndar
     out: list[tuple[MemberResult, np.ndarray]] = []
     for r in results:
         out += [(m, m.weights) for m in r.members if m.weights is not None]
-        if r.group_mean is not None and r.n_samples > 0:
-            mean = MemberResult(f"group{r.group_id}@{r.managed_by}", r.n_samples, mean_loss([r]), r.group_mean)
+        samples = r.n_samples if r.group_mean_samples is None else r.group_mean_samples
+        if r.group_mean is not None and samples > 0:
+            mean = MemberResult(f"group{r.group_id}@{r.managed_by}", samples, mean_loss([r]), r.group_mean)
             out.append((mean, r.group_mean))
     return out
 

@@ -17,6 +17,7 @@ import pytest
 from device.data import read_leaf
 from device.errors import ConfigError, ProtocolError
 from device.protocol import LocalTraining, Topics
+from server.coordinator.board_backend import BoardBackend
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.edge.host import EdgeHost, EdgeSettings, group_model
@@ -25,12 +26,14 @@ from server.edge.proxy import EdgeBook, model_key
 from server.edge.state import EdgeState
 from server.execution.manager import GroupManager
 from server.fleet import leaf_writers
-from server.lab.edges import federation, sim_vs_edges
+from server.lab.edges import federation, max_abs_diff, run_with_edges, sim_vs_edges
 from server.loopback import LoopbackBroker, LoopbackFleet
 from server.paths import ensure_model
 from server.screening import ScreeningConfig, screen_results
+from server.simulation.engine import Simulation
 from server.strategies import make_strategy
 from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan, Strategy, TrainConfig, returned
+from server.strategies.clustered import GroupModelStrategy
 from tests.mqtt.conftest import femnist_root
 
 IDS = [f"dev{i:03d}" for i in range(6)]
@@ -72,6 +75,41 @@ def test_the_simulator_given_the_site_gives_the_edges_models(make: Callable[[], 
     else:
         assert min(done) > 0, done
     assert diff <= (0.0 if make is fedgsp else 1e-5)
+
+
+@pytest.mark.slow
+def test_a_group_that_spans_rooms_is_averaged_at_each_room_s_edge_with_the_same_models(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: FedAvg-IC on data alone (FedAvg-I), grouping by data, not by room: 2 groups
+    # over 6 boards in 2 rooms. Its k-medoids starts from the RTTs the boards' registration
+    # pings measured, which differ from run to run and which the simulator has none of, so
+    # the boards' run is given none either: both group the same, and the models can agree
+    def make() -> Strategy:
+        train = TrainConfig(1, 10, 0.05, max_steps=5)
+        return make_strategy("fedavg_ic", n_groups=2, tau2=2, alpha_comm=0.0, train=train)
+
+    monkeypatch.setattr(BoardBackend, "distance_matrix", lambda self: None)
+
+    data = federation(femnist_root(), IDS)
+    model = ensure_model("mlp_femnist")
+    simulated = make()
+    Simulation(simulated, dict(data), model, seed=3, federated_eval_every=0, edges=EDGES).run(3)
+
+    # Execute
+    edged = make()
+    _, hosts = run_with_edges(edged, data, model, tmp_path, edges=EDGES, rounds=3)
+
+    # Assert: a group had members in both rooms, the edges still averaged their rooms'
+    # parts of it, and the models are the simulator's (a mean of the parts' means)
+    assert isinstance(edged, GroupModelStrategy)
+    rooms = {
+        g: {next(e for e, ds in EDGES.items() if c in ds) for c, h in edged.assignment.items() if h == g}
+        for g in set(edged.assignment.values())
+    }
+    assert any(len(r) == 2 for r in rooms.values()), rooms
+    assert all(h.groups_done > 0 for h in hosts), [h.groups_done for h in hosts]  # both rooms' parts
+    assert max_abs_diff(simulated, edged) <= 1e-5
 
 
 def test_dscs_group_aggregated_at_the_edge_gives_the_global_model_of_its_members() -> None:
