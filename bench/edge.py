@@ -386,8 +386,9 @@ def main_bench(argv: list[str] | None = None) -> int:
                 runs[mode] = field_run(Path(args.topology), strategy, mode, args.rounds, Path(tmp))
         edge, central = runs[EdgeMode.EDGE], runs[EdgeMode.CENTRAL]
         target = min(max(edge["accuracy"]), max(central["accuracy"]))
-        at_edges = f"{edge['groups_at_edges']} of {edge['groups']}"
-        print(f"{strategy}: target accuracy {target:.3f}; groups run at edges {at_edges}")
+        # a group that spans rooms runs as parts, one per room's edge (server/execution/split.py)
+        at_edges = f"{edge['groups_at_edges']} groups or rooms' parts of groups, of {edge['groups']} groups"
+        print(f"{strategy}: target accuracy {target:.3f}; run at the edges: {at_edges}")
         for name, run in (("edge", edge), ("central", central)):
             print(
                 f"  {name}: {run['bytes'] / 1e6:.1f} MB on the uplinks from round 2, "
