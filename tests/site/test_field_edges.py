@@ -1,5 +1,5 @@
 """A field with more than one room, through ``covey field-test`` as docs/site-guide.md
-("More than one room") tells a user to rehearse it: two rooms of 4 boards on their own
+("More than one room") tells a user to rehearse it: two rooms of 3 boards on their own
 networks, each behind a gateway whose uplink to the central broker is 4 Mbit/s and 50 ms
 one way (``examples/topologies/two-rooms.toml``). The gateways run the rooms' mosquittos,
 bridged to the central one, and ``covey edge run``; HierFAVG's groups are the rooms, and
@@ -39,12 +39,12 @@ def test_each_room_s_group_runs_at_its_edge_and_only_its_model_crosses_the_uplin
     assert code == 0, out[-3000:]
     assert "the sites' edges ran 4 groups (logs/edge-*.log)" in out, out[-2000:]
     rows = json.loads((tmp_path / "field" / "state" / "results.json").read_text())["rounds"]
-    rooms = [[f"{room}-0{k}" for k in range(1, 5)] for room in ("north", "south")]
+    rooms = [[f"{room}-0{k}" for k in range(1, 4)] for room in ("north", "south")]
     assert [sorted(map(sorted, r["groups"])) for r in rows] == [rooms, rooms]
-    assert all(r["skipped"] == 0 and len(r["trained_ids"]) == 8 for r in rows), rows
+    assert all(r["skipped"] == 0 and len(r["trained_ids"]) == 6 for r in rows), rows
     for room in ("north", "south"):
         said = (tmp_path / "field" / "logs" / f"edge-{room}.log").read_text()
-        assert "round 2 group" in said and "4 trained, 0 skipped; its model sent up" in said, said[-1500:]
+        assert "round 2 group" in said and "3 trained, 0 skipped; its model sent up" in said, said[-1500:]
     # round 2 (round 1 also holds registration and the links' measurement): each board
     # got a start model from its edge and returned its own over its room's link, and the
     # uplinks carried the two rooms' group models and little else; through the central
@@ -52,7 +52,7 @@ def test_each_room_s_group_runs_at_its_edge_and_only_its_model_crosses_the_uplin
     traffic = json.loads((tmp_path / "field" / "field.json").read_text())["link_bytes"]
     boards = traffic["devices"]["down"][1] + traffic["devices"]["up"][1]
     uplinks = traffic["uplinks"]["down"][1] + traffic["uplinks"]["up"][1]
-    assert boards > 16 * MODEL, traffic
+    assert boards > 12 * MODEL, traffic
     assert 2 * MODEL < uplinks < 3 * MODEL, traffic
     # the boards of a room reach each other through their edge: no uplink in their RTT
     report = json.loads((tmp_path / "field" / "field.json").read_text())

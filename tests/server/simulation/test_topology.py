@@ -116,7 +116,7 @@ def test_bad_topology_files_are_named(tmp_path: Path, text: str, needle: str) ->
 def test_a_site_behind_an_edge_reaches_the_server_over_its_uplink_and_its_own_devices_through_the_edge() -> None:
     # Prepare: issue 28's rooms (boards 50 Mbit/s, 2 ms to their edge; uplink 4 Mbit/s, 50 ms)
     topology = load_topology(REPO / "examples" / "topologies" / "two-rooms.toml")
-    ids = [f"c{i}" for i in range(8)]
+    ids = [f"c{i}" for i in range(6)]
 
     # Execute
     m = link_matrices(topology, ids)
@@ -128,8 +128,8 @@ def test_a_site_behind_an_edge_reaches_the_server_over_its_uplink_and_its_own_de
     assert topology.edge_sites == topology.sites
     assert m.snr_db is not None and m.rtt_ms is not None
     assert m.snr_db[0, 0] == pytest.approx(north.server_link.snr(20e6))
-    assert m.rtt_ms[0, 1] == 2 * (2 + 2) and m.rtt_ms[0, 4] == 2 * (52 + 52)
-    assert m.snr_db[0, 1] > m.snr_db[0, 4]
+    assert m.rtt_ms[0, 1] == 2 * (2 + 2) and m.rtt_ms[0, 3] == 2 * (52 + 52)
+    assert m.snr_db[0, 1] > m.snr_db[0, 3]
 
 
 def test_a_topology_for_another_number_of_clients_is_refused() -> None:
