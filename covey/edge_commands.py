@@ -40,10 +40,13 @@ def _run_plain_edge(args: argparse.Namespace) -> int:
     """An edge whose broker already runs (a field test's room, or a mosquitto bridged by
     hand): anonymous, no TLS; the edge host only."""
     from device.cli import parse_broker
+    from device.protocol.topics import check_id
     from server.edge.host import EdgeHost, EdgeSettings, board_list
 
     host_name, port = parse_broker(args.broker)
-    devices = tuple(d for d in args.devices.split(",") if d)
+    devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
+    for name in (args.edge, *devices):
+        check_id(name, "--edge or --devices id")
     state_dir = Path(args.state_dir) if args.state_dir else None
     logging.getLogger("covey.edge").setLevel(logging.INFO)
     host = EdgeHost(EdgeSettings(args.run, args.edge, devices, host_name, port, username=None, state_dir=state_dir))

@@ -75,8 +75,10 @@ PARTIAL_MAX_AGE_S = 120.0  # a partial payload with no chunk for this long is dr
 # ping answered may still be a registration evicted since): a coordinator whose admission
 # queue was full when a whole fleet registered at once dropped it unanswered
 # (server/coordinator/admission.py), and would otherwise never hear from this device; a
-# known device registering again only has its record replaced
+# known device registering again only has its record replaced; the wait doubles each
+# time, up to REREGISTER_MAX_S (a board no round samples stays quiet)
 REREGISTER_S = 60.0
+REREGISTER_MAX_S = 960.0
 
 
 @dataclass
@@ -141,6 +143,7 @@ class Agent:
         self._listening: dict[str, float] = {}  # peer -> until when (monotonic) a listen lets it in
         self._server_epoch: str | None = None
         self._unanswered_since: float | None = None  # last registration, until a request comes (REREGISTER_S)
+        self._reregister_s = REREGISTER_S
         self.running = True
         self.prober: LinkProber | None = None  # the link-probe request in progress
         self.exit_reason: str | None = None  # set when the server tells the agent to leave for good
@@ -214,9 +217,10 @@ class Agent:
                 connections = self.link.connections
                 self._redeliver_held("reconnected")
             since = self._unanswered_since
-            if since is not None and self.model is not None and time.monotonic() - since > REREGISTER_S:
-                log.info("%s: no request in %.0f s since registering; registering again", self.me, REREGISTER_S)
+            if since is not None and self.model is not None and time.monotonic() - since > self._reregister_s:
+                log.info("%s: no request in %.0f s since registering; registering again", self.me, self._reregister_s)
                 self._register()
+                self._reregister_s = min(2 * self._reregister_s, REREGISTER_MAX_S)
             probing = self.prober is not None and not self.prober.done
             if probing:
                 self._tick_prober()
@@ -357,7 +361,7 @@ class Agent:
         if isinstance(body, Ping):
             self._send(Pong(body.t), msg.round)
             return
-        self._unanswered_since = None  # a request: the coordinator knows this device
+        self._unanswered_since, self._reregister_s = None, REREGISTER_S  # a request: the coordinator knows it
         if isinstance(body, Stop):
             log.info("%s: the server ended the run%s", self.me, f": {body.reason}" if body.reason else "")
             self.running = False

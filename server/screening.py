@@ -271,6 +271,7 @@ class _Update:
     kind: UpdateKind
     norm: float  # per member: a chain's norm over the square root of its members
     group_mean: bool = False  # an edge's mean of its members' models, screened as one member's
+    edge_mean: int | None = None  # which of a split group's edge means (GroupResult.edge_means)
 
 
 def screen_results(
@@ -310,8 +311,10 @@ def screen_results(
             # held to a member's bound: averaging shrinks honest updates, so a mean above
             # it carries at least one member far above it (the edge lied or let it through)
             norm = update_norm(start, r.group_mean)
-            behind = [m.client_id for m in r.members if r.group_mean_samples is None or m.weights is None]
-            updates.append(_Update(i, tuple(behind), "member", norm, group_mean=True))
+            updates.append(_Update(i, tuple(m.client_id for m in r.members), "member", norm, group_mean=True))
+        for j, part in enumerate(r.edge_means):
+            norm = update_norm(start, part.mean)
+            updates.append(_Update(i, part.members, "member", norm, group_mean=True, edge_mean=j))
         if g.mode == "chain" and r.final_weights is not None and r.members:
             per_member = update_norm(start, r.final_weights) / float(np.sqrt(len(r.members)))
             updates.append(_Update(i, tuple(m.client_id for m in r.members), "chain", per_member))
@@ -349,6 +352,8 @@ def _drop(r: GroupResult, u: _Update) -> GroupResult:
     """``r`` without ``u``'s model (a member's, or the chain's final one)."""
     if u.kind == "chain":
         return replace(r, final_weights=None)
+    if u.edge_mean is not None:
+        return replace(r, edge_means=tuple(p for j, p in enumerate(r.edge_means) if j != u.edge_mean))
     if u.group_mean:
         return replace(r, group_mean=None)
     kept = tuple(replace(m, weights=None, norm=None) if m.client_id in u.devices else m for m in r.members)
@@ -360,6 +365,12 @@ def _scale(r: GroupResult, u: _Update, start: np.ndarray, factor: float) -> Grou
     if u.kind == "chain":
         assert r.final_weights is not None
         return replace(r, final_weights=scaled_update(start, r.final_weights, factor))
+    if u.edge_mean is not None:
+        parts = tuple(
+            replace(p, mean=scaled_update(start, p.mean, factor)) if j == u.edge_mean else p
+            for j, p in enumerate(r.edge_means)
+        )
+        return replace(r, edge_means=parts)
     if u.group_mean:
         assert r.group_mean is not None
         return replace(r, group_mean=scaled_update(start, r.group_mean, factor))

@@ -174,17 +174,20 @@ class RoundExecution:
         hop: HopBound | None,
     ) -> GroupManager | None:
         """``g`` as parts where its placement runs some of it elsewhere (each part's task
-        ids under a prefix of its own: positions restart in each part), else None."""
+        ids under a short prefix of its own, ``-e<k>``: positions restart in each part),
+        else None."""
         assert self.placement is not None
         away = self.placement.parts_of(g)
+        if not away:
+            return None
         parts: list[GroupManager] = []
-        for where, members in away.items():
+        for k, (where, members) in enumerate(away.items()):
             part = self.placement.manager_for(
                 replace(g, members=members),
                 round_,
                 start,
                 train,
-                task_prefix=f"{prefix}-{where}",
+                task_prefix=f"{prefix}-e{k}",
                 seed=seed,
                 hop=hop,
                 handoff="relay",

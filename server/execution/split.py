@@ -7,8 +7,9 @@ of its parts' means. So when a strategy's group spans rooms (FedAvg-IC groups by
 and links, not by room), each room's edge may still average its own members and send
 one model up: :class:`SplitGroupManager` runs one manager per part (an edge's proxy, or
 the coordinator's own manager for the members behind no edge) and combines their
-results. Screening then sees the edges' combined mean as one member's update, held to
-a member's bound, and the members run here one by one. A rule that is not a mean of
+results. Screening then sees each edge's mean as one member's update, held to a
+member's bound (a lying edge costs only its own part), and the members run here one by
+one; strategies see each edge's mean as one member with its members' samples. A rule that is not a mean of
 means (DSC's angle weights need every member's update at once) never splits.
 """
 
@@ -19,9 +20,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from device.protocol import Payload, TrainResult
-from server.aggregation.fedavg import weighted_average
 from server.execution.manager import GroupManager
-from server.strategies.base import GroupPlan, GroupResult
+from server.strategies.base import EdgeMean, GroupPlan, GroupResult
 
 
 def splittable(group: GroupPlan) -> bool:
@@ -103,8 +103,8 @@ class SplitGroupManager(GroupManager):
 
 def combine_parts(group_id: int, parts: Sequence[GroupResult]) -> GroupResult:
     """One group's result from its parts': every member, the models of those run here,
-    and the edges' means combined by their samples into one (``group_mean`` with
-    ``group_mean_samples``; an edge whose mean was not returned adds none).
+    and each edge's mean of its part (``edge_means``; an edge whose mean did not come
+    adds none).
 
     Parameters
     ----------
@@ -114,17 +114,19 @@ def combine_parts(group_id: int, parts: Sequence[GroupResult]) -> GroupResult:
     Returns
     -------
     GroupResult
-        ``managed_by`` names the edges whose means it holds, joined by ``+``.
+        Each edge mean is weighed by its members' samples once the round driver has
+        bounded their claims, and screened on its own (:mod:`server.screening`).
     """
-    means = [(r.group_mean, r.n_samples, r.managed_by) for r in parts if r.group_mean is not None and r.n_samples > 0]
-    mean = weighted_average([m for m, _, _ in means], [n for _, n, _ in means]) if means else None
+    means = tuple(
+        EdgeMean(str(r.managed_by), tuple(m.client_id for m in r.members), r.group_mean)
+        for r in parts
+        if r.group_mean is not None and r.members
+    )
     return GroupResult(
         group_id,
         tuple(m for r in parts for m in r.members),
         None,
         tuple(d for r in parts for d in r.skipped),
         tuple(d for r in parts for d in r.refused),
-        group_mean=mean,
-        managed_by="+".join(str(e) for _, _, e in means) or None,
-        group_mean_samples=sum(n for _, n, _ in means) if means else None,
+        edge_means=means,
     )

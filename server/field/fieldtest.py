@@ -344,6 +344,9 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
     Raises :class:`TransportError` when the broker does not come up or the coordinator
     fails (its last lines in the message).
     """
+    # an earlier test in the same folder: its logs and its edges' tasks are not this one's
+    for stale in (plan.log_dir, plan.out_dir / "edges"):
+        shutil.rmtree(stale, ignore_errors=True)
     plan.log_dir.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
     with Lab(tag=plan.lab_tag) as lab:

@@ -139,6 +139,15 @@ class MemberResult:
 
 
 @dataclass(frozen=True)
+class EdgeMean:
+    """An edge's sample-weighted mean of its part of a split group (its ``members``)."""
+
+    edge: str
+    members: tuple[str, ...]
+    mean: np.ndarray = field(repr=False)
+
+
+@dataclass(frozen=True)
 class GroupResult:
     """What came back for one group. ``final_weights`` is the chain's last model
     (chain mode); parallel mode carries every member's weights. ``skipped`` lists
@@ -150,7 +159,7 @@ class GroupResult:
     members without their models and carries their aggregate in ``group_mean`` instead
     (:func:`returned` hands it on as one member). A group split between edges and the
     coordinator (:mod:`server.execution.split`) carries the models of the members run
-    here and the edges' combined mean, of ``group_mean_samples`` samples."""
+    here and each edge's mean of its part (``edge_means``), each a member of its own."""
 
     group_id: int
     members: tuple[MemberResult, ...]
@@ -159,7 +168,9 @@ class GroupResult:
     refused: tuple[str, ...] = ()
     group_mean: np.ndarray | None = field(default=None, repr=False)
     managed_by: str | None = None  # the edge that ran the group; None: the coordinator
-    group_mean_samples: int | None = None  # the samples behind group_mean; None: every member's
+    # a split group's parts averaged at edges (server/execution/split.py): each weighs as
+    # its members' samples, as the round driver's claim check bounded them (server/claims.py)
+    edge_means: tuple[EdgeMean, ...] = ()
 
     @property
     def n_samples(self) -> int:
@@ -346,13 +357,20 @@ class Strategy(ABC):
 
 def returned(results: Sequence[GroupResult]) -> list[tuple[MemberResult, np.ndarray]]:
     """Members that returned their own model (parallel mode), with that model. A group
-    an edge averaged (``group_mean``) counts as one member named ``group<id>@<edge>``
-    with its members' samples: the sample-weighted mean of such means is the mean of
+    an edge averaged (``group_mean``), and each edge's part of a split group
+    (``edge_means``), counts as one member named ``group<id>@<edge>`` with its members'
+    samples: the sample-weighted mean of such means is the mean of
     their members' models, which is all a ``mean_only`` plan's strategy uses."""
     out: list[tuple[MemberResult, np.ndarray]] = []
     for r in results:
         out += [(m, m.weights) for m in r.members if m.weights is not None]
-        samples = r.n_samples if r.group_mean_samples is None else r.group_mean_samples
+        for part in r.edge_means:
+            samples = sum(m.n_samples for m in r.members if m.client_id in part.members)
+            if samples > 0:
+                out.append(
+                    (MemberResult(f"group{r.group_id}@{part.edge}", samples, mean_loss([r]), part.mean), part.mean)
+                )
+        samples = r.n_samples
         if r.group_mean is not None and samples > 0:
             mean = MemberResult(f"group{r.group_id}@{r.managed_by}", samples, mean_loss([r]), r.group_mean)
             out.append((mean, r.group_mean))

@@ -5,6 +5,7 @@ admits only devices that answer their confirmation ping, and the run finishes.""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -97,7 +98,7 @@ def test_a_flood_of_fake_registrations_does_not_stop_the_run(broker, femnist_eva
 
 
 def test_boards_pushed_out_of_a_full_admission_queue_register_again_and_join(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     # Prepare: an open run whose admission queue holds one registration, and three boards
     # registering at once: two are evicted unanswered (bench/edge.py --scale lost 744 of
@@ -121,7 +122,17 @@ def test_boards_pushed_out_of_a_full_admission_queue_register_again_and_join(
     coord.registry.admission = Admission(max_pending=1)
     coord.connect()
     try:
-        with LoopbackFleet(broker, {d: (c.train, c.test) for d, c in data.items()}, run=run, state_dir=tmp_path):
+        with (
+            caplog.at_level(logging.INFO, logger="covey.device"),
+            LoopbackFleet(broker, {d: (c.train, c.test) for d, c in data.items()}, run=run, state_dir=tmp_path),
+        ):
+            # the three registrations wait in the coordinator's queue until it reads them
+            # (on a loaded machine the boards' start is otherwise too spread out to collide)
+            deadline = time.monotonic() + 60
+            while sum("registered (" in r.getMessage() for r in caplog.records) < 3:
+                assert time.monotonic() < deadline, "the boards did not register within 60 s"
+                time.sleep(0.05)
+
             # Execute
             coord.wait_for_devices(3, timeout=60)
 

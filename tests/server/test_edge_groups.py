@@ -32,7 +32,16 @@ from server.paths import ensure_model
 from server.screening import ScreeningConfig, screen_results
 from server.simulation.engine import Simulation
 from server.strategies import make_strategy
-from server.strategies.base import GroupPlan, GroupResult, MemberResult, RoundPlan, Strategy, TrainConfig, returned
+from server.strategies.base import (
+    EdgeMean,
+    GroupPlan,
+    GroupResult,
+    MemberResult,
+    RoundPlan,
+    Strategy,
+    TrainConfig,
+    returned,
+)
 from server.strategies.clustered import GroupModelStrategy
 from tests.mqtt.conftest import femnist_root
 
@@ -145,6 +154,55 @@ def test_dscs_group_aggregated_at_the_edge_gives_the_global_model_of_its_members
     np.testing.assert_allclose(edged, central, atol=1e-6)
     mean = group_model(GroupResult(0, members(0)))
     assert mean is not None and np.abs(mean - at_edge).max() > 1e-4
+
+
+def test_each_edge_s_part_of_a_split_group_weighs_as_its_members_bounded_samples() -> None:
+    # Prepare: a group split between edges a and b and the coordinator (c1); a1's claim
+    # was bounded to 100 samples by the round driver (review: a summed sample count
+    # stored with the mean would have kept the raw claim, 10^9)
+    a_mean, b_mean, c1 = (np.full(4, v, np.float32) for v in (1.0, 2.0, 3.0))
+    r = GroupResult(
+        0,
+        (
+            MemberResult("a1", 100, 1.0),
+            MemberResult("a2", 50, 1.0),
+            MemberResult("b1", 30, 1.0),
+            MemberResult("b2", 20, 1.0),
+            MemberResult("c1", 10, 1.0, c1),
+        ),
+        edge_means=(EdgeMean("a", ("a1", "a2"), a_mean), EdgeMean("b", ("b1", "b2"), b_mean)),
+    )
+
+    # Execute
+    out = {m.client_id: (m.n_samples, w) for m, w in returned([r])}
+
+    # Assert: one member per edge with its members' samples, and the member run here
+    assert {k: n for k, (n, _) in out.items()} == {"c1": 10, "group0@a": 150, "group0@b": 50}
+    assert out["group0@a"][1] is a_mean
+
+
+def test_a_lying_edge_costs_only_its_own_part_of_a_split_group() -> None:
+    # Prepare: honest members and edge a's honest mean; edge b's "mean" 50x theirs
+    rng = np.random.default_rng(1)
+    start = np.zeros(100, np.float32)
+    honest = [start + rng.normal(0, 0.1, 100).astype(np.float32) for _ in range(4)]
+    plan = RoundPlan(1, (GroupPlan(0, ("a1", "a2", "b1", "b2", "c1", "c2"), "parallel", "g"),), {"g": start})
+    members = (
+        *(MemberResult(d, 10, 1.0) for d in ("a1", "a2", "b1", "b2")),
+        MemberResult("c1", 10, 1.0, honest[0]),
+        MemberResult("c2", 10, 1.0, honest[1]),
+    )
+    parts = (EdgeMean("a", ("a1", "a2"), (honest[2] + honest[3]) / 2), EdgeMean("b", ("b1", "b2"), 50 * honest[0]))
+    r = GroupResult(0, members, edge_means=parts)
+
+    # Execute
+    screened = screen_results(plan, [r], ScreeningConfig())
+
+    # Assert: b's mean refused and blamed on b's members; a's mean and the members kept
+    (kept,) = screened.results
+    assert [p.edge for p in kept.edge_means] == ["a"]
+    assert [x.devices for x in screened.rejections] == [("b1", "b2")]
+    assert {m.client_id for m, _ in returned([kept])} == {"c1", "c2", "group0@a"}
 
 
 def test_a_group_mean_counts_as_one_member_with_its_members_samples() -> None:
