@@ -41,7 +41,7 @@ def _run_plain_edge(args: argparse.Namespace) -> int:
     hand): anonymous, no TLS; the edge host only."""
     from device.cli import parse_broker
     from device.protocol.topics import check_id
-    from server.edge.host import EdgeHost, EdgeSettings, board_list
+    from server.edge.host import EdgeHost, EdgeSettings
 
     host_name, port = parse_broker(args.broker)
     devices = tuple(d.strip() for d in args.devices.split(",") if d.strip())
@@ -53,19 +53,29 @@ def _run_plain_edge(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        host.connect()
-        host.resume()
-        if host.resumed:
-            print(f"edge {args.edge}: took up {host.resumed} groups again from {state_dir}", flush=True)
-        print(f"edge {args.edge}: group managers for {board_list(devices)} on {host_name}:{port}", flush=True)
-        host.serve(stop)
+        _serve(host, args.edge, f"on {host_name}:{port}", state_dir, stop)
     finally:
-        with contextlib.suppress(Exception):
-            host.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     print(_stopped_line(args.edge, host), flush=True)
     return 0
+
+
+def _serve(host: EdgeHost, name: str, where: str, state_dir: Path | None, stop: threading.Event) -> None:
+    """Connect, take up what the edge held before a restart, and serve until ``stop``;
+    the host is closed however it ends."""
+    from server.edge.host import board_list
+
+    try:
+        host.connect()
+        host.resume()
+        if host.resumed:
+            print(f"edge {name}: took up {host.resumed} groups again from {state_dir}", flush=True)
+        print(f"edge {name}: group managers for {board_list(host.devices)} {where}", flush=True)
+        host.serve(stop)
+    finally:
+        with contextlib.suppress(Exception):
+            host.close()
 
 
 def _stopped_line(name: str, host: EdgeHost) -> str:
@@ -79,7 +89,7 @@ def _stopped_line(name: str, host: EdgeHost) -> str:
 def _run_site_edge(args: argparse.Namespace) -> int:
     from device.mqtt import TlsFiles
     from server.broker import wait_for_port
-    from server.edge.host import EdgeHost, EdgeSettings, board_list
+    from server.edge.host import EdgeHost, EdgeSettings
     from server.site import load_site
     from server.site.edge import edge_dir
     from server.site.edge_files import load_edge
@@ -122,15 +132,8 @@ def _run_site_edge(args: argparse.Namespace) -> int:
     )
     try:
         wait_for_port(edge.ips[0] if edge.ips else edge.hosts[0], edge.port, 30, broker)
-        host.connect()
-        host.resume()
-        if host.resumed:
-            print(f"edge {edge.name}: took up {host.resumed} groups again from {state_dir}", flush=True)
-        print(f"edge {edge.name}: group managers for {board_list(edge.devices)} on port {edge.port}", flush=True)
-        host.serve(stop)
+        _serve(host, edge.name, f"on port {edge.port}", state_dir, stop)
     finally:
-        with contextlib.suppress(Exception):
-            host.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         broker.send_signal(signal.SIGTERM)
