@@ -459,15 +459,19 @@ def _start_gateway(
     argv = [*(sys.executable, "-m", "covey.cli", "edge", "run", "--broker", room, "--run", plan.run_id)]
     argv += ["--edge", name, "--devices", ",".join(plan.edges[name]), "--state-dir", str(folder / "state")]
     lab.start(gateway, argv, log=log, env=env, cwd=REPO)
-    _wait_for_text(log, f"edge {name}: group managers for", 60)
+    wait_for_text(log, f"edge {name}: group managers for", 60)
     return room
 
 
-def _wait_for_text(log: Path, text: str, timeout: float) -> None:
+def wait_for_text(log: Path, text: str, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Return once ``log`` holds ``text``; :class:`TransportError` with the log's end
+    after ``timeout`` seconds, or as soon as ``proc`` (the process writing it) exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.is_file() and text in log.read_text(errors="replace"):
             return
+        if proc is not None and proc.poll() is not None:
+            break
         time.sleep(0.1)
     tail = log.read_text(errors="replace")[-600:] if log.is_file() else "(no log)"
     raise TransportError(f"{log.name} did not say {text!r} within {timeout:g} s; its end:\n{tail}")

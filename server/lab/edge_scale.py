@@ -33,6 +33,7 @@ from server.broker import free_port, run_mosquitto, start_mosquitto
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.field.edges import edge_config_text
+from server.field.fieldtest import wait_for_text
 from server.lab.swarm import swarm_ids
 from server.paths import ensure_model
 from server.simulation.datasets import synthetic
@@ -80,17 +81,6 @@ def _python(*argv: str, log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
-def _wait_for_text(log: Path, text: str, timeout: float, proc: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_text(errors="replace"):
-            return
-        if proc.poll() is not None:
-            break
-        time.sleep(0.2)
-    raise RuntimeError(f"{log.name} did not say {text!r} within {timeout:g} s: {log.read_text()[-800:]}")
-
-
 def scale_run(
     work: Path,
     *,
@@ -124,7 +114,7 @@ def scale_run(
                 log = work / f"edge-{name}.log"
                 argv = ["-m", "covey.cli", "edge", "run", "--broker", address, "--run", RUN, "--edge", name]
                 hosts.append(_python(*argv, "--devices", ",".join(members), log=log))
-                _wait_for_text(log, f"edge {name}: group managers for", 120, hosts[-1])
+                wait_for_text(log, f"edge {name}: group managers for", 120, hosts[-1])
             for start in range(first, first + len(members), per_process):
                 count = min(per_process, first + len(members) - start)
                 argv = ["-m", "server.lab.swarm", "--broker", address, "--run", RUN, "--first", str(start)]
