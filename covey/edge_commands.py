@@ -93,6 +93,7 @@ def _run_site_edge(args: argparse.Namespace) -> int:
     from server.site import load_site
     from server.site.edge import edge_dir
     from server.site.edge_files import load_edge
+    from server.site.layout import CERT_FILE, KEY_FILE
 
     site = load_site(Path(args.site))
     edge = load_edge(site, args.edge)
@@ -103,6 +104,13 @@ def _run_site_edge(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"{path} is missing; copy the site's edges/{edge.name}/ here from where `covey site add-edge` made it"
             )
+    cert, key = own / CERT_FILE, own / KEY_FILE
+    if site.spec.client_certs and not (cert.is_file() and key.is_file()):
+        raise ConfigError(
+            f"{cert} or {key} is missing and the site asks every client for a certificate; "
+            f"copy the site's edges/{edge.name}/ here again from where `covey site add-edge` made it"
+        )
+    tls = TlsFiles(str(ca), str(cert), str(key)) if site.spec.client_certs else TlsFiles(str(ca))
     logging.getLogger("covey.edge").setLevel(logging.INFO)  # a line per group: what its operator reads
     state_dir = Path(args.state_dir) if args.state_dir else edge_dir(site.layout, edge.name) / "state"
     # the room's broker: `covey broker run --edge`, as a child that never outlives this
@@ -126,7 +134,7 @@ def _run_site_edge(args: argparse.Namespace) -> int:
             (edge.hosts or edge.ips)[0],  # a name or address its certificate carries
             edge.port,
             password=password_file.read_text().strip(),
-            tls=TlsFiles(str(ca)),
+            tls=tls,
             state_dir=state_dir,
         )
     )

@@ -6,7 +6,8 @@
     DIR/edges/<NAME>/broker/           the edge's mosquitto: mosquitto.conf (with the bridge and its
                                        password: secret), ca.crt, broker.crt, broker.key, passwords,
                                        acl, data/
-    DIR/edges/<NAME>/coordinator/      the edge's own coordinator user: password, ca.crt
+    DIR/edges/<NAME>/coordinator/      the edge's own coordinator user: password, ca.crt (and
+                                       client.crt, client.key on a --client-certs site)
 
 The edge's folder is written beside its final place and renamed into it; then the
 central password file and ACL gain the bridge's user, and the room's bundles their new
@@ -37,7 +38,7 @@ from server.site.edge import (
     edges_dir,
     load_edges,
 )
-from server.site.layout import CA_FILE, CERT_FILE, DEVICE_TOML, PASSWORD_FILE, Owners, toml_text
+from server.site.layout import CA_FILE, CERT_FILE, DEVICE_TOML, KEY_FILE, PASSWORD_FILE, Owners, toml_text
 from server.site.mosquitto import COORDINATOR, BrokerFiles, acl_text, config_text, new_password, password_line
 from server.site.spec import SiteSpec, check_device_id, check_host, check_ip, check_port
 
@@ -84,7 +85,10 @@ def add_edge(root: Path, edge: EdgeSpec) -> Path:
         client_certs=spec.client_certs,
         memory_mb=spec.broker_memory_mb,
     )
-    bridge_cert = issue_client(ca, edge.user) if spec.client_certs else None  # the central broker asks for one
+    # with --client-certs both brokers ask every client for a certificate: the bridge (at the
+    # central broker) and the edge's own group managers (at the edge's) each get one
+    bridge_cert = issue_client(ca, edge.user) if spec.client_certs else None
+    own_cert = issue_client(ca, f"{edge.user}.{COORDINATOR}") if spec.client_certs else None
     cert_files = (str(broker / "bridge.crt"), str(broker / "bridge.key")) if bridge_cert else None
     conf += bridge_text(
         spec.run, edge, central=spec.broker, password=bridge_password, cafile=str(files.ca_cert), client_cert=cert_files
@@ -130,6 +134,9 @@ def add_edge(root: Path, edge: EdgeSpec) -> Path:
             owners.mkdir(c, "admin")
             owners.write(c / CA_FILE, ca.cert_pem, "admin", secret=False)
             owners.write(c / PASSWORD_FILE, own_password + "\n", "admin", secret=True)
+            if own_cert is not None:
+                owners.write(c / CERT_FILE, own_cert.cert_pem, "admin", secret=False)
+                owners.write(c / KEY_FILE, own_cert.key_pem, "admin", secret=True)
             owners.write(staging / EDGE_TOML, _edge_toml(spec.run, edge), "site", secret=False)
             os.rename(staging, final)
         except BaseException:

@@ -130,14 +130,15 @@ Fault = Callable[[Path, list["subprocess.Popen[bytes]"]], None]
 
 
 def run_site_with_edge(
-    site_parent: Path, tmp_path: Path, *learning: str, fault: Fault | None = None
+    site_parent: Path, tmp_path: Path, *learning: str, fault: Fault | None = None, site_init: tuple[str, ...] = ()
 ) -> tuple[int, list[dict[str, Any]], str]:
     """The site and its edge as docs/site-guide.md ("More than one room") makes and runs them,
     every board with its bundle, and ``covey server run --site DIR *learning`` at the centre.
     ``fault(tmp_path, processes)`` runs beside the run once the edge is up (it may replace
-    the edge's process, ``processes[1]``). Returns the server's exit status, its rounds
-    (results.json) and the edge's log (every one it wrote, in order)."""
-    site = init(site_parent / "site", *ROOM, *OTHERS)
+    the edge's process, ``processes[1]``); ``site_init`` adds options to ``covey site init``.
+    Returns the server's exit status, its rounds (results.json) and the edge's log (every one
+    it wrote, in order)."""
+    site = init(site_parent / "site", *ROOM, *OTHERS, extra=site_init)
     edge_port = free_port()
     assert add_edge(site.layout.root, edge_port) == 0
     devices = [*ROOM, *OTHERS]
@@ -312,6 +313,19 @@ def test_broker_run_names_an_unknown_edge(site_parent: Path) -> None:
     assert_one_line_error(proc, "the site has no edge 'nope'", "covey site add-edge")
 
 
+def test_edge_run_names_a_missing_client_certificate(site_parent: Path) -> None:
+    # Prepare: a --client-certs site's edge folder copied without its managers' certificate
+    site = init(site_parent / "site", *ROOM, extra=("--client-certs",))
+    assert add_edge(site.layout.root, free_port()) == 0
+    own = site.layout.root / "edges" / "lab" / "coordinator"
+    assert (own / "client.crt").is_file() and (own / "client.key").is_file()
+    (own / "client.key").unlink()
+
+    # Execute, assert: one line naming the file and what to do, before any broker starts
+    proc = covey("edge", "run", "--site", str(site.layout.root), "--edge", "lab")
+    assert_one_line_error(proc, "client.key is missing", "asks every client for a certificate", "edges/lab/")
+
+
 def test_the_edge_config_is_one_mosquitto_accepts(site_parent: Path, tmp_path: Path) -> None:
     # mosquitto's own check of the file: it starts (run_mosquitto waits for its listener; a
     # config error stops it first), reads the bridge and tries it (no central broker runs
@@ -341,33 +355,21 @@ def test_a_board_cannot_take_an_edges_name(site_parent: Path) -> None:
 
 
 @pytest.mark.broker
-def test_on_a_site_that_asks_for_client_certificates_the_bridge_has_one(site_parent: Path, tmp_path: Path) -> None:
-    # Prepare: a site whose brokers ask every client for a certificate, and its edge
-    site = init(site_parent / "site", *ROOM, *OTHERS, extra=("--client-certs",))
-    edge_port = free_port()
-    assert add_edge(site.layout.root, edge_port) == 0
-    central = run_mosquitto(site.layout.broker_conf, "127.0.0.1", site.spec.port, log=tmp_path / "central.log")
-    edge = run_mosquitto(edge_conf(site.layout, "lab"), "127.0.0.1", edge_port, log=tmp_path / "edge.log")
+@pytest.mark.slow
+def test_on_a_site_that_asks_for_client_certificates_the_edge_runs_its_rooms_group(
+    site_parent: Path, tmp_path: Path
+) -> None:
+    # Prepare, execute: a site whose brokers ask every client for a certificate on top of
+    # its password (`covey site init --client-certs`): the boards, the bridge and the edge's
+    # own group managers each need one
+    _, rounds, edge_log = run_site_with_edge(
+        site_parent, tmp_path, "--strategy", "hierfavg", "--rounds", "2", site_init=("--client-certs",)
+    )
 
-    def client(user: str, folder: Path, port: int) -> MqttLink:
-        tls = TlsFiles(str(site.layout.ca_cert), str(folder / "client.crt"), str(folder / "client.key"))
-        password = (folder / "password").read_text().strip()
-        return MqttLink(f"t-{user}", "127.0.0.1", port, username=user, password=password, tls=tls)
-
-    observer = client("coordinator", site.layout.coordinator_dir, site.spec.port)
-    board = client("lab-1", site.layout.bundle("lab-1"), edge_port)
-    try:
-        observer.connect(10)
-        observer.subscribe("covey/#")
-        board.connect(10)
-
-        # Execute: the room's board writes at its edge
-        until_delivered(board, observer, T.register("lab-1"), timeout=30)  # through the bridge, once it is up
-    finally:
-        board.close()
-        observer.close()
-        edge.stop()
-        central.stop()
-
-    # Assert: the bridge logged in with its certificate (until_delivered raises otherwise)
-    assert "peer did not return a certificate" not in (tmp_path / "central.log").read_text()
+    # Assert: both rounds trained every board and the room's group ran at its edge; the
+    # bridge logged in with its certificate
+    assert all(r["trained"] == 3 and r["skipped"] == 0 for r in rounds), rounds
+    for rnd in (1, 2):
+        assert f"round {rnd} group 0: done, 2 trained, 0 skipped; its model sent up" in edge_log, edge_log[-3000:]
+    central = (tmp_path / "central.log").read_text(errors="replace")
+    assert "peer did not return a certificate" not in central, central[-2000:]
