@@ -218,7 +218,7 @@ class Agent:
                 self._redeliver_held("reconnected")
             since = self._unanswered_since
             if since is not None and self.model is not None and time.monotonic() - since > self._reregister_s:
-                log.info("%s: no request in %.0f s since registering; registering again", self.me, self._reregister_s)
+                log.info("%s: no request in %.3g s since registering; registering again", self.me, self._reregister_s)
                 self._register()
                 self._reregister_s = min(2 * self._reregister_s, REREGISTER_MAX_S)
             probing = self.prober is not None and not self.prober.done

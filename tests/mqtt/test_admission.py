@@ -142,3 +142,50 @@ def test_boards_pushed_out_of_a_full_admission_queue_register_again_and_join(
             coord.stop_devices()
     finally:
         coord.close()
+
+
+def test_a_board_nobody_answers_registers_again_ever_less_often(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: a coordinator that published its status and model but reads no
+    # registration (as one whose queue lost it), and one board; the waits between its
+    # registrations shrunk from 60 s (doubling up to 960 s) to 0.25 s (up to 1 s)
+    import device.agent
+    from covey.paths import ensure_model
+    from server.lab.edges import federation
+    from server.loopback import LoopbackBroker, LoopbackFleet
+
+    monkeypatch.setattr(device.agent, "REREGISTER_S", 0.25)
+    monkeypatch.setattr(device.agent, "REREGISTER_MAX_S", 1.0)
+    broker, run = LoopbackBroker(), "unanswered"
+    data = federation(femnist_root(), REAL[:1])
+    config = CoordinatorConfig(run, "", 0, tmp_path / "state", deadline_s=20.0)
+    coord = Coordinator(
+        config,
+        make_strategy("fedavg", train=TrainConfig(1, 10, 0.01)),
+        ensure_model("mlp_femnist"),
+        link_factory=broker.link,
+    )
+    coord.connect()
+    again = "since registering; registering again"
+    try:
+        with (
+            caplog.at_level(logging.INFO, logger="covey.device"),
+            LoopbackFleet(broker, {d: (c.train, c.test) for d, c in data.items()}, run=run, state_dir=tmp_path),
+        ):
+            # Execute: wait for its fourth registration after the first
+            deadline = time.monotonic() + 60
+            while sum(again in r.getMessage() for r in caplog.records) < 4:
+                assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+                time.sleep(0.05)
+    finally:
+        coord.close()
+
+    # Assert: each wait twice the one before, up to the cap, and each followed by a registration
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith(REAL[0])]
+    waits = [float(m.split("no request in ")[1].split()[0]) for m in said if again in m]
+    assert waits[:4] == [0.25, 0.5, 1.0, 1.0], said
+    registered = [i for i, m in enumerate(said) if "registered (" in m]
+    for i, m in enumerate(said):
+        if again in m:
+            assert i + 1 in registered, said
