@@ -16,14 +16,12 @@ and the links' measurement) and ``edge_time_to_target_speedup_<strategy>`` (the 
 wall time until the server accuracy first reaches the lower of the two runs' best),
 with the runs' own figures beside them.
 
-``--faults`` instead runs HierFAVG through the edges of a TLS site on this machine's
-loopback (``covey site init``, ``covey site add-edge``, ``covey broker run``, ``covey
-edge run``; each uplink a :class:`~server.field.relay.Relay` of 4 Mbit/s and 50 ms) for
-3 rounds twice: the first site's ``covey edge run`` killed (SIGKILL) once a board of its
-round-2 group trained, then started again; and the first site's uplink cut for a
-minute once its round-2 group runs. ``edge_restart_lost_contributions`` and
-``edge_uplink_cut_lost_contributions``: boards that logged a round's training whose
-result that round's models do not hold.
+``--faults`` instead runs HierFAVG through the edges of the same field for 3 rounds
+twice (:mod:`server.field.edge_faults`): the first room's ``covey edge run`` killed
+(SIGKILL) while the members of its round-2 group train, then started again; and the
+first room's uplink taken down for a minute once its round-2 group runs at its edge.
+``edge_restart_lost_contributions`` and ``edge_uplink_cut_lost_contributions``: boards
+that logged a round's training whose result that round's models do not hold.
 
 ``--scale`` instead runs one coordinator with 4 edges and 1,000 devices (real agents, a
 few processes of them: :mod:`server.lab.swarm`, Synthetic(1, 1) and MCLR) for 5 rounds
@@ -42,26 +40,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from covey.cli import main
 from covey.paths import femnist_dir
-from server.broker import free_port, wait_for_port
+from server.field.edge_faults import (
+    FieldFault,
+    FieldScene,
+    cut_uplink,
+    lost_contributions,
+    restart_edge,
+    wait_for_round_at_edge,
+)
 from server.field.edges import EdgeMode
 from server.field.fieldtest import plan_field_test, run_field_test
-from server.field.relay import Impairment, Relay
-from server.fleet import leaf_writers, start_fleet
 from server.paths import ensure_model
 
 REPO = Path(__file__).resolve().parent.parent
@@ -75,186 +71,49 @@ STRATEGIES = {
 }
 
 
-def covey(*argv: str, log: Path) -> subprocess.Popen[bytes]:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", "covey.cli", *argv],
-            cwd=REPO,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+def restart_first_edge(scene: FieldScene) -> None:
+    """Kill the first room's ``covey edge run`` (SIGKILL) once every member of its
+    round-2 group holds its start model (they train), and start it again."""
+    edge = next(iter(scene.edges))
+    if wait_for_round_at_edge(scene, edge, 2, training=True):
+        restart_edge(scene, edge)
 
 
-def wait_for_line(log: Path, text: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in log.read_text(errors="replace"):
-            return
-        time.sleep(0.2)
-    raise RuntimeError(f"{text!r} not in {log} within {timeout} s:\n{log.read_text(errors='replace')[-2000:]}")
+def cut_first_uplink(scene: FieldScene) -> None:
+    """Take the first room's uplink down for a minute once its round-2 group runs at
+    its edge."""
+    edge = next(iter(scene.edges))
+    if wait_for_round_at_edge(scene, edge, 2, training=False):
+        cut_uplink(scene, edge, 60.0)
 
 
-def stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for proc in reversed(procs):
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+FAULTS: dict[str, FieldFault] = {"restart": restart_first_edge, "uplink_cut": cut_first_uplink}
 
 
-@dataclass
-class Scene:
-    """What a fault may act on while a run goes: its folder, the site, the uplinks and
-    the processes (the central broker first, then each site's edge in order)."""
-
-    work: Path
-    site: Path
-    names: list[str]
-    relays: dict[str, Relay]
-    procs: list[subprocess.Popen[bytes]]
-
-
-Fault = Callable[[Scene], None]
-
-
-def one_run(
-    work: Path,
-    strategy: str,
-    *,
-    sites: int,
-    boards: int,
-    rounds: int,
-    uplink: Impairment,
-    learning: tuple[str, ...] = (),
-    fault: Fault | None = None,
-) -> dict[str, Any]:
-    """One run of ``strategy`` through the edges of a TLS site on loopback (with
-    ``learning``'s extra flags, and ``fault`` beside it once the edges are up); returns
-    its rounds, its wall times and the contributions lost (boards that logged a round's
-    training its models do not hold)."""
-    names = [f"s{k}" for k in range(1, sites + 1)]
-    members = {s: [f"{s}-{i}" for i in range(1, boards + 1)] for s in names}
-    devices = [d for s in names for d in members[s]]
-    site = work / "site"
-    port = free_port()
-    argv = ["site", "init", str(site), "--host", "localhost", "--ip", "127.0.0.1", "--run", "edgebench"]
-    assert main([*argv, "--port", str(port), "--loopback-port", str(free_port()), "--devices", *devices]) == 0
-    relays = {s: Relay(("127.0.0.1", 0), ("127.0.0.1", port), uplink, seed=k).start() for k, s in enumerate(names)}
-    for s in names:
-        argv = ["site", "add-edge", str(site), s, "--host", "localhost", "--ip", "127.0.0.1"]
-        assert main([*argv, "--port", str(free_port()), "--devices", *members[s]]) == 0
-        conf = site / "edges" / s / "broker" / "mosquitto.conf"  # the bridge dials the site's uplink
-        conf.write_text(conf.read_text().replace(f"address localhost:{port}", f"address localhost:{relays[s].port}"))
-    procs = [covey("broker", "run", "--site", str(site), log=work / "central.log")]
-    try:
-        wait_for_port("127.0.0.1", port, 20, procs[0])
-        for s in names:
-            procs.append(covey("edge", "run", "--site", str(site), "--edge", s, log=work / f"edge-{s}.log"))
-            wait_for_line(work / f"edge-{s}.log", f"edge {s}: group managers for", 60)
-        root = femnist_dir()
-        with start_fleet(
-            root,
-            leaf_writers(root, len(devices)),
-            run="",
-            host="",
-            port=0,
-            configs=[site / "devices" / d / "device.toml" for d in devices],
-            device_ids=devices,
-            log_dir=work / "boards",
-        ):
-            state = work / "state"
-            scene = Scene(work, site, names, relays, procs)
-            faulty = threading.Thread(target=fault, args=(scene,), daemon=True) if fault else None
-            if faulty is not None:
-                faulty.start()
-            code = main(
-                [
-                    *("server", "run", "--site", str(site), *STRATEGIES[strategy], *learning),
-                    *("--rounds", str(rounds)),
-                    *("--min-devices", str(len(devices)), "--eval-data", str(root), "--state-dir", str(state)),
-                    *("--register-timeout", "300", "--deadline", "300", "--links-every", "0"),
-                ]
-            )
-            if code != 0:
-                raise RuntimeError(f"covey server run ended with {code}")
-    finally:
-        stop(procs)
-        for r in relays.values():
-            r.stop()
-    edge_logs = " ".join(p.read_text(errors="replace") for p in sorted(work.glob("edge-*.log")))
-    at_edges = sum(int(n) for n in re.findall(r"stopped: (\d+) groups run here", edge_logs))
-    rows = json.loads((state / "results.json").read_text())["rounds"]
-    boards_said = "".join(p.read_text(errors="replace") for p in (work / "boards").glob("*.log"))
-    trained = {(d, int(r)) for d, r in TRAINED.findall(boards_said)}
-    held = {(d, int(r["round"])) for r in rows for d in r["trained_ids"]}
-    return {
-        "lost": len(trained - held),
-        "skipped": sum(int(r["skipped"]) for r in rows),
-        "accuracy": [float(r["server_accuracy"]) for r in rows],
-        "wall_s": [float(r["wall_s"]) for r in rows],
-        "groups_at_edges": at_edges,
-        "groups": sum(len(r["groups"]) for r in rows),
-    }
-
-
-TRAINED = re.compile(r"(\S+): round (\d+) group \d+ position \d+ trained")
-
-
-def when_round_2_runs_at(scene: Scene, site: str, trained: bool) -> bool:
-    """Wait until round 2's group of ``site`` runs at its edge (and, with ``trained``, one
-    of its boards has trained); False if that never came."""
-    edge_log = scene.work / f"edge-{site}.log"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        started = re.search(r"round 2 group \d+: \d+ members, run here", edge_log.read_text(errors="replace"))
-        boards = "".join(p.read_text(errors="replace") for p in (scene.work / "boards").glob(f"{site}-*.log"))
-        if started and (not trained or re.search(r": round 2 group \d+ position \d+ trained", boards)):
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def restart_an_edge(scene: Scene) -> None:
-    """Kill the first site's ``covey edge run`` (SIGKILL) once a board of its round-2
-    group trained, and start it again."""
-    site = scene.names[0]
-    if when_round_2_runs_at(scene, site, trained=True):
-        scene.procs[1].kill()
-        scene.procs[1].wait(15)
-        scene.procs[1] = covey(
-            "edge", "run", "--site", str(scene.site), "--edge", site, log=scene.work / f"edge-{site}-restarted.log"
-        )
-
-
-def cut_an_uplink(scene: Scene) -> None:
-    """Cut the first site's uplink for a minute once its round-2 group runs at the edge."""
-    if when_round_2_runs_at(scene, scene.names[0], trained=False):
-        scene.relays[scene.names[0]].outage(60.0, stop_listening=True)
-
-
-def faults(sites: int, boards: int, uplink: Impairment, only: str | None = None) -> int:
-    """HierFAVG through the edges, 3 rounds whose members train a few hundred steps, with
-    each fault in round 2; prints the contributions each lost."""
-    learning = ("--set", "tau1=300", "--epochs", "20")
-    for name, fault in (("restart", restart_an_edge), ("uplink_cut", cut_an_uplink)):
+def faults(topology: Path, only: str | None = None) -> int:
+    """HierFAVG through the edges of ``topology``'s field, 3 rounds whose members train
+    a few thousand steps, with each fault in round 2; prints the contributions each
+    lost."""
+    root = femnist_dir()
+    server_args = [*STRATEGIES["hierfavg"], "--model", "mlp_femnist", "--rounds", "3"]
+    server_args += ["--set", "tau1=2000", "--epochs", "200", "--deadline", "300", "--register-timeout", "300"]
+    server_args += ["--federated-eval-every", "0"]
+    for name, fault in FAULTS.items():
         if only is not None and name != only:
             continue
         with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
-            os.chmod(tmp, 0o755)
-            run = one_run(
-                Path(tmp),
-                "hierfavg",
-                sites=sites,
-                boards=boards,
-                rounds=3,
-                uplink=uplink,
-                learning=learning,
-                fault=fault,
-            )
-        print(f"{name}: {run['skipped']} skipped, rounds {' '.join(f'{w:.1f}' for w in run['wall_s'])} s")
-        print(f"figure edge_{name}_lost_contributions = {run['lost']}")
+            plan = plan_field_test(topology, root, Path(tmp), server_args, edge_mode=EdgeMode.EDGE, timeout_s=3600)
+            run_field_test(plan, echo=False, fault=fault)
+            rows = json.loads((plan.state_dir / "results.json").read_text())["rounds"]
+            lost = lost_contributions(plan.log_dir, plan.state_dir / "results.json")
+            said = " ".join(p.read_text(errors="replace") for p in plan.log_dir.glob("edge-*.log"))
+        walls = " ".join(f"{float(r['wall_s']):.1f}" for r in rows)
+        taken_up = sum(int(n) for n in re.findall(r"took up (\d+) groups again", said))
+        print(
+            f"{name}: {sum(int(r['skipped']) for r in rows)} skipped, {taken_up} groups taken up again after "
+            f"a restart, rounds {walls} s"
+        )
+        print(f"figure edge_{name}_lost_contributions = {lost}")
     return 0
 
 
@@ -367,8 +226,6 @@ def main_bench(argv: list[str] | None = None) -> int:
     p.add_argument("--scale", action="store_true", help="1,000 devices behind 4 edges instead")
     p.add_argument("--scale-one", choices=("edges", "central"), help=argparse.SUPPRESS)
     p.add_argument("--devices", type=int, default=1000, help="with --scale: devices in all")
-    p.add_argument("--sites", type=int, default=3, help="with --faults: sites of the loopback site")
-    p.add_argument("--boards", type=int, default=4, help="with --faults: boards per site")
     args = p.parse_args(argv)
     if args.equivalence:
         return equivalence(args.rounds)
@@ -377,7 +234,7 @@ def main_bench(argv: list[str] | None = None) -> int:
     if args.scale:
         return scale(args.devices, rounds=5)
     if args.faults:
-        return faults(args.sites, args.boards, Impairment(latency_ms=50.0, rate_mbit=4.0), args.fault)
+        return faults(Path(args.topology), args.fault)
     ensure_model("mlp_femnist")
     for strategy in args.strategies.split(","):
         runs = {}

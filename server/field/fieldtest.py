@@ -46,6 +46,7 @@ from pathlib import Path
 
 from device.errors import ConfigError, TransportError
 from server.broker import LOCAL_CONF, local_config_text
+from server.field.edge_faults import EdgeProcess, FieldFault, FieldScene
 from server.field.edges import EDGE_PORT, UPLINK_RELAY_PORT, EdgeMode, edge_config_text
 from server.field.netns import PREFIX, Host, Lab, LinkBytes, available
 from server.fleet import REPO
@@ -335,9 +336,10 @@ def _agent_argv(plan: FieldTestPlan, device: FieldDevice, broker: str) -> list[s
     ]
 
 
-def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
+def run_field_test(plan: FieldTestPlan, *, echo: bool = True, fault: FieldFault | None = None) -> FieldRun:
     """Run the field test of ``plan``; returns the coordinator's wall time in seconds
-    and the bytes each round put on the links (:class:`TrafficMeter`).
+    and the bytes each round put on the links (:class:`TrafficMeter`). ``fault`` runs in
+    a thread beside the coordinator (:mod:`server.field.edge_faults`).
 
     The lab (namespaces, processes) is removed on return, also on failure. The
     coordinator's output goes to this process's (``echo``) and to ``logs/server.log``.
@@ -368,9 +370,13 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
         lab.start(broker, [_mosquitto(), "-c", str(conf)], log=plan.log_dir / "broker.log")
         lab.wait_for_port(server, broker.ip, BROKER_PORT)
         dial: dict[str, str] = {}  # site name -> where its boards' broker is
+        scene = FieldScene(lab, plan.log_dir, members=plan.edges)
         for k, site in enumerate(plan.topology.edge_sites, start=1):
             gateway, network = rooms[site.name]
-            dial[site.name] = _start_gateway(lab, plan, site, gateway, gateway.addresses[network], central, k, env)
+            scene.gateways[site_slug(site.name)] = gateway
+            dial[site.name] = _start_gateway(
+                lab, plan, site, gateway, gateway.addresses[network], central, k, env, scene
+            )
         for i, d in enumerate(plan.devices):
             host, link = hosts[d.device_id], d.site.link
             lab.shape(host, link.bandwidth_mbps)
@@ -389,11 +395,17 @@ def run_field_test(plan: FieldTestPlan, *, echo: bool = True) -> FieldRun:
             [h.name for h in hosts.values()],
             gateways=[g.name for g, _ in rooms.values()],
         )
+        faulty = threading.Thread(target=fault, args=(scene,), name="field-fault", daemon=True) if fault else None
         start = time.perf_counter()
         try:
+            if faulty is not None:
+                faulty.start()
             tail = _run_tee(server.argv(argv), plan.log_dir / "server.log", env, plan.timeout_s, echo)
             wall = time.perf_counter() - start
         finally:
+            scene.done.set()
+            if faulty is not None:
+                faulty.join(60)  # an uplink it took down comes up again before the lab goes
             traffic = meter.stop()
     if traffic.error and echo:
         print(f"note: {traffic.error}; the report has no bytes per link", flush=True)
@@ -435,11 +447,19 @@ def _start_relay(
 
 
 def _start_gateway(
-    lab: Lab, plan: FieldTestPlan, site: Site, gateway: Host, room_ip: str, central: str, k: int, env: dict[str, str]
+    lab: Lab,
+    plan: FieldTestPlan,
+    site: Site,
+    gateway: Host,
+    room_ip: str,
+    central: str,
+    k: int,
+    env: dict[str, str],
+    scene: FieldScene,
 ) -> str:
     """A site's gateway (:mod:`server.field.edges`): its uplink shaped, and the room's
-    broker with ``covey edge run`` (edge mode) or a relay to ``central``; returns the
-    address the room's boards dial."""
+    broker with ``covey edge run`` (edge mode, in ``scene.edges``) or a relay to
+    ``central``; returns the address the room's boards dial."""
     assert site.uplink is not None
     name = site_slug(site.name)
     lab.shape(gateway, site.uplink.bandwidth_mbps)
@@ -458,7 +478,7 @@ def _start_gateway(
     log = plan.log_dir / f"edge-{name}.log"
     argv = [*(sys.executable, "-m", "covey.cli", "edge", "run", "--broker", room, "--run", plan.run_id)]
     argv += ["--edge", name, "--devices", ",".join(plan.edges[name]), "--state-dir", str(folder / "state")]
-    lab.start(gateway, argv, log=log, env=env, cwd=REPO)
+    scene.edges[name] = EdgeProcess(argv, log, env, REPO, lab.start(gateway, argv, log=log, env=env, cwd=REPO))
     wait_for_text(log, f"edge {name}: group managers for", 60)
     return room
 
