@@ -207,6 +207,13 @@ class DownlinkModels:
         self._sent[device] = (task_id, key)
         self._held.pop(device, None)
 
+    def forget(self, device: str) -> None:
+        """``device`` gets its models from elsewhere now (a site's edge,
+        ``server/edge/proxy.py``): the server no longer knows what it holds, so its next
+        model goes whole."""
+        self._held.pop(device, None)
+        self._sent.pop(device, None)
+
     def confirm(self, device: str, task_id: str) -> None:
         """``device`` answered ``task_id``: it holds the model sent for it (a device keeps
         the last model the server sent it)."""

@@ -131,6 +131,8 @@ class Coordinator:
                 config.deadline_s,
                 config.max_chunk,
                 config.codec,
+                bases=self.bases,
+                downlinks=self.downlinks,
             )
             if config.edges
             else None

@@ -171,7 +171,7 @@ class Inbox:
             payload = self.bus.reassemble(user, item)
             if payload is None:
                 return
-            weights = check_weights(payload, self.settings.n_params, None)
+            weights = check_weights(payload, self.settings.n_params, self.bases)  # int8: against its start
             body: object = payload.header
         elif kind == "results":
             body, weights = decode_edge(item.payload, self.settings.run), None

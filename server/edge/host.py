@@ -9,7 +9,8 @@ group's manager with the coordinator's own code
 ids, deadlines, hand-off screening and skips as at the centre) over the edge's broker,
 so a chain's hand-offs and a parallel group's models stay in the room. When the group
 is done it sends the coordinator one model (the chain's last, or the parallel members'
-sample-weighted mean) and an :class:`~server.edge.messages.EdgeReport`. What its boards
+sample-weighted mean), in the run's codec (:mod:`server.edge.uplink`), and an
+:class:`~server.edge.messages.EdgeReport`. What its boards
 send that none of its groups waits for (results of groups the coordinator runs, pongs,
 link reports, evaluation replies) it republishes unchanged under
 ``covey/<run>/relay/``, which the bridge maps back to the board's own topic at the
@@ -44,12 +45,14 @@ from device.protocol import (
     parse_frame,
     send_model,
 )
+from device.protocol.codecs import ErrorFeedback
 from device.transport import Link, LinkFactory
 from server.aggregation.dsc_weights import angle_weights
 from server.aggregation.fedavg import weighted_average
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
 from server.edge.proxy import HELD_MODELS, edge_topics, edge_user, model_key
 from server.edge.state import EdgeState
+from server.edge.uplink import Upload, encode_upload
 from server.execution.manager import GroupManager
 from server.execution.ports import PolledBus
 from server.execution.round import ExecutionSettings, RoundExecution
@@ -135,6 +138,8 @@ class EdgeHost:
         self.models_received = 0  # start models the coordinator had to send (the rest were held here)
         self.state = EdgeState(s.state_dir) if s.state_dir is not None else None
         self.resumed = 0  # tasks taken up again from the state after a restart
+        self.sent_up_bytes = 0  # the payloads of the group models sent up
+        self.feedback: dict[int, ErrorFeedback] = {}  # each group's uplink residual (server/edge/uplink.py)
 
     # -- the link ----------------------------------------------------------------------------
     def _lane_of(self, topic: str) -> str | None:
@@ -352,8 +357,12 @@ class EdgeHost:
         manager.release()
         self.execution.managers.remove(manager)
         del self.running[task.key]
+        upload = None
         model = group_model(result, r.task.rule, r.start)
-        if model is not None:
+        if model is not None:  # in the run's codec; what the coordinator decodes is the model now
+            feedback = self.feedback.setdefault(task.group_id, ErrorFeedback())
+            upload = encode_upload(model, r.start, task.model, task.codec, feedback)
+            model = upload.received
             self._hold(model)
         report = EdgeReport(
             task.round,
@@ -365,7 +374,7 @@ class EdgeHost:
             result.refused,
             None if model is None else model_key(model),
         )
-        self._remember(task.key, model, report)
+        self._remember(task.key, model, report, upload)
         self.groups_done += 1
         log.info(
             "round %d group %d: done, %d trained, %d skipped; its model sent up",
@@ -375,7 +384,9 @@ class EdgeHost:
             len(result.skipped),
         )
 
-    def _remember(self, key: str, model: np.ndarray | None, report: EdgeReport) -> None:
+    def _remember(self, key: str, model: np.ndarray | None, report: EdgeReport, upload: Upload | None = None) -> None:
+        """Keep ``report`` (and ``model``, what the coordinator decodes) for a repeated
+        task, and send both: the model as ``upload`` the first time, ``raw`` after."""
         data = encode_edge(report, self.settings.run)
         self.finished[key] = (data, model, report)
         while len(self.finished) > REPORTS_KEPT:
@@ -383,14 +394,19 @@ class EdgeHost:
         if self.state is not None and model is not None:
             self.state.save_model(model)
         self._persist()  # before it is sent: a report sent is a report the edge can send again
-        self._send_report(data, model, report)
+        self._send_report(data, model, report, upload)
 
-    def _send_report(self, data: bytes, model: np.ndarray | None, report: EdgeReport) -> None:
+    def _send_report(
+        self, data: bytes, model: np.ndarray | None, report: EdgeReport, upload: Upload | None = None
+    ) -> None:
         if model is not None:
+            self.sent_up_bytes += (model if upload is None else upload.payload).nbytes
             send_model(
                 self._publish,
                 self.topics.uploads(self.user),
-                model,
+                model if upload is None else upload.payload,
+                codec="raw" if upload is None else upload.codec,
+                base=None if upload is None else upload.base,
                 kind="result",
                 run=self.settings.run,
                 round=report.round,

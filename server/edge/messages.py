@@ -53,7 +53,8 @@ class EdgeTask:
     one the coordinator would have used (acknowledged after its checkpoint as usual);
     ``model`` the sha256 of the start model's float32 bytes; ``rule`` how a parallel
     group's members' models become the one model sent up
-    (:data:`~server.strategies.base.GroupRule`)."""
+    (:data:`~server.strategies.base.GroupRule`); ``codec`` the run's, in which that model
+    goes up (:mod:`server.edge.uplink`)."""
 
     round: Annotated[int, AtLeast(1)]
     group_id: Annotated[int, AtLeast(0)]
@@ -68,6 +69,7 @@ class EdgeTask:
     model: Annotated[str, MaxLen(64)]
     hop: HopLimits | None = None
     rule: Literal["sample_mean", "dsc_angle"] = "sample_mean"  # a parallel group's one model (GroupRule)
+    codec: Literal["fp32", "fp16", "int8", "int4"] = "fp32"  # the run's: how that model goes up (WireCodec)
 
     @property
     def key(self) -> str:

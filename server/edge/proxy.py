@@ -3,11 +3,15 @@ for each group an edge runs.
 
 :class:`EdgeBook` is the coordinator's :class:`~server.execution.round.Placement`. A group
 runs at an edge when every member sits behind that edge (the site's layout,
-``DIR/edges/<name>/edge.toml``), the edge is online (its retained status), the run's
-models travel as ``fp32``, and only the group's one model is needed: a chain (its last
-model), or a parallel group the strategy planned ``mean_only`` (FedAvg-IC's and
-HierFAVG's grouped rounds). Any other group runs here as before, its members' messages
-relayed by the edge (:mod:`server.edge.host`).
+``DIR/edges/<name>/edge.toml``), the edge is online (its retained status), and only the
+group's one model is needed: a chain (its last model), or a parallel group the strategy
+planned ``mean_only`` (FedAvg-IC's and HierFAVG's grouped rounds). Any other group runs
+here as before, its members' messages relayed by the edge (:mod:`server.edge.host`).
+The start model goes to the edge whole (float32) and the group's model comes back in
+the run's codec (:mod:`server.edge.uplink`: an ``int8`` or ``int4`` delta against that
+start, which the proxy lists in the round's delta ``bases``). The members then hold the
+model the edge sent them, not one the coordinator knows: their next start model from
+the coordinator goes whole (the proxy forgets them in the run's ``downlinks``).
 
 :class:`EdgeGroupProxy` stands in the round's execution for such a group: it sends the
 edge the task (and the start model unless the edge holds it: the model it sent up last
@@ -40,6 +44,7 @@ from device.protocol import (
     payload_key,
     send_model,
 )
+from server.downlink import DownlinkModels
 from server.edge.messages import EdgeReport, EdgeTask, HopLimits, encode_edge
 from server.execution.group_sender import Handoff
 from server.execution.manager import GroupManager
@@ -74,6 +79,10 @@ class EdgeBook:
     edges : edge name -> the devices behind it (the site's layout).
     topics, publish : the run's topics and the coordinator's publish.
     deadline_s, max_chunk, codec : the run's (``CoordinatorConfig``).
+    bases : the round's delta bases (the coordinator's): a group's start model goes in
+        when the edge runs it, for its int8/int4 model to decode against.
+    downlinks : what each device holds (int8/int4 runs): a group's members are
+        forgotten when the edge runs it.
     """
 
     edges: Mapping[str, frozenset[str]]
@@ -82,6 +91,8 @@ class EdgeBook:
     deadline_s: float
     max_chunk: int
     codec: WireCodec
+    bases: dict[str, np.ndarray] | None = None
+    downlinks: DownlinkModels | None = None
     online: dict[str, bool] = field(default_factory=dict)
     held: dict[str, deque[str]] = field(default_factory=dict)
 
@@ -125,8 +136,6 @@ class EdgeBook:
         """For a group that spans rooms: each online edge's members of it, where it has
         two or more (one member's mean is its own model: nothing saved), in the group's
         order; the rest run at the coordinator (:mod:`server.execution.split`)."""
-        if self.codec != "fp32":
-            return {}
         parts = {
             name: tuple(m for m in group.members if m in devices)
             for name, devices in self.edges.items()
@@ -147,7 +156,7 @@ class EdgeBook:
         handoff: Handoff,
     ) -> GroupManager | None:
         """A proxy when ``group`` runs at an edge (module docstring), else None."""
-        if self.codec != "fp32" or not (group.mode == "chain" or group.mean_only):
+        if not (group.mode == "chain" or group.mean_only):
             return None
         name = self.edge_of(group.members)
         if name is None or not self.online.get(name):
@@ -167,6 +176,7 @@ class EdgeBook:
             model_key(start),
             limits,
             group.group_rule,
+            self.codec,
         )
         return EdgeGroupProxy(group, round_, start, train, book=self, edge=name, task=task, topics=self.topics)
 
@@ -212,6 +222,11 @@ class EdgeGroupProxy(GroupManager):
         self.span_s = book.deadline_s * ((len(plan.members) if plan.mode == "chain" else 1) + 1)
 
     def start(self, now: float) -> None:
+        if self.book.bases is not None:  # the group's model may come back as a delta against it
+            self.book.bases[self.task.model] = np.asarray(self.start_weights, np.float32)
+        if self.book.downlinks is not None:  # they will hold what the edge sends them
+            for member in self.plan.members:
+                self.book.downlinks.forget(member)
         if not self.book.holds(self.edge, self.task.model):
             self._send_model()
         self._send_task()

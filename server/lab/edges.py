@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from device.data import read_leaf
+from device.protocol import WireCodec
 from server.backend import RoundRecord
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
@@ -48,11 +49,15 @@ def run_with_edges(
     rounds: int = 4,
     seed: int = 3,
     deadline_s: float = 60.0,
+    codec: WireCodec = "fp32",
 ) -> tuple[list[RoundRecord], list[EdgeHost]]:
-    """``rounds`` of ``strategy`` on a site with ``edges``: with their hosts running, or
-    (``edge_hosts=False``) with them offline, every group then run by the coordinator."""
+    """``rounds`` of ``strategy`` on a site with ``edges``, models travelling in
+    ``codec``: with their hosts running, or (``edge_hosts=False``) with them offline,
+    every group then run by the coordinator."""
     broker, stop, hosts, threads = LoopbackBroker(), threading.Event(), [], []
-    config = CoordinatorConfig(RUN, "", 0, work / "state", seed=seed, deadline_s=deadline_s, edges=dict(edges))
+    config = CoordinatorConfig(
+        RUN, "", 0, work / "state", seed=seed, deadline_s=deadline_s, edges=dict(edges), codec=codec
+    )
     try:
         for name, devices in edges.items() if edge_hosts else ():
             host = EdgeHost(EdgeSettings(RUN, name, devices, "", 0), link_factory=broker.link)

@@ -16,14 +16,27 @@ import pytest
 
 from device.data import read_leaf
 from device.errors import ConfigError, ProtocolError
-from device.protocol import LocalTraining, Topics
+from device.protocol import (
+    FrameCodec,
+    FrameExtra,
+    LocalTraining,
+    Payload,
+    Reassembler,
+    Topics,
+    WireCodec,
+    check_weights,
+    send_model,
+)
+from device.protocol.codecs import ErrorFeedback
 from server.coordinator.board_backend import BoardBackend
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
+from server.downlink import downlinks_for
 from server.edge.host import EdgeHost, EdgeSettings, group_model
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
-from server.edge.proxy import EdgeBook, model_key
+from server.edge.proxy import EdgeBook, EdgeGroupProxy, model_key
 from server.edge.state import EdgeState
+from server.edge.uplink import encode_upload
 from server.execution.manager import GroupManager
 from server.fleet import leaf_writers
 from server.lab.edges import federation, max_abs_diff, run_with_edges, sim_vs_edges
@@ -405,3 +418,115 @@ def test_a_report_that_comes_again_after_a_reconnect_is_a_duplicate() -> None:
     assert proxy.knows_edge("edge.a", report)
     assert not proxy.knows_edge("edge.b", report)
     assert not proxy.knows_edge("edge.a", EdgeReport(3, 0, "e", "done"))
+
+
+def through_frames(array: np.ndarray, codec: FrameCodec, base: str | None) -> Payload:
+    """``array`` as an edge's frames carry it to the coordinator, reassembled."""
+    frames: list[bytes] = []
+
+    def publish(topic: str, data: bytes, retain: bool = False) -> None:
+        frames.append(data)
+
+    send_model(
+        publish,
+        "t",
+        array,
+        kind="result",
+        run="edges",
+        round=2,
+        group=0,
+        sender="edge.a",
+        codec=codec,
+        base=base,
+        extra=FrameExtra("e-r2-g0", position=0),
+    )
+    reassembler, payload = Reassembler(), None
+    for frame in frames:
+        payload = reassembler.add(frame, sender="edge.a")
+    assert payload is not None
+    return payload
+
+
+def test_an_edge_sends_its_group_model_up_in_the_run_s_codec() -> None:
+    # Prepare: a group's start and trained models, the start's key as the coordinator holds it
+    rng = np.random.default_rng(0)
+    start = rng.normal(size=5000).astype(np.float32)
+    model = start + rng.normal(scale=0.01, size=5000).astype(np.float32)
+    key = model_key(start)
+
+    codecs: list[tuple[WireCodec, str, float]] = [("fp32", "raw", 0.0), ("fp16", "fp16", 1e-3), ("int8", "int8", 1e-3)]
+    for codec, frame, at_most in codecs:
+        # Execute
+        up = encode_upload(model, start, key, codec, ErrorFeedback())
+
+        # Assert: the payload's codec and base; the coordinator decodes exactly the model
+        # the edge names (and keeps as the group's next start), within the codec's step
+        assert up.codec.startswith(frame), (codec, up.codec)
+        assert up.base == (key if codec == "int8" else None)
+        payload = through_frames(up.payload, up.codec, up.base)
+        assert np.array_equal(check_weights(payload, 5000, {key: start}), up.received)
+        assert float(np.max(np.abs(up.received - model))) <= at_most, codec
+    assert encode_upload(model, start, key, "int8", ErrorFeedback()).payload.nbytes < model.nbytes / 3
+
+    # Non-finite weights go as they are, for the coordinator to refuse with the reason
+    bad = model.copy()
+    bad[3] = np.nan
+    up = encode_upload(bad, start, key, "int8", ErrorFeedback())
+    assert up.codec == "raw"
+    with pytest.raises(ProtocolError, match="NaN"):
+        check_weights(through_frames(up.payload, up.codec, up.base), 5000, None)
+
+
+def test_in_an_int8_run_an_edge_s_members_get_their_next_central_model_whole() -> None:
+    # Prepare: an int8 run's book, and a member the coordinator last sent a model it holds
+    bases: dict[str, np.ndarray] = {}
+    downlinks = downlinks_for("int8", None)
+    assert downlinks is not None
+    start = np.arange(300, dtype=np.float32)
+    down = downlinks.encode(IDS[0], start)
+    downlinks.sent(IDS[0], "t1", down.key)
+    downlinks.confirm(IDS[0], "t1")
+    assert downlinks.base_of(IDS[0]) == down.key
+    book = EdgeBook(
+        {"a": frozenset(IDS[:3])}, Topics("edges"), lambda *a: None, 60.0, 1 << 20, "int8", bases, downlinks
+    )
+    book.on_status("edge.a", b"online")
+    group = GroupPlan(0, tuple(IDS[:3]), "parallel", "g0", mean_only=True)
+
+    # Execute: the edge runs the member's group
+    proxy = book.manager_for(group, 2, start + 1, TrainConfig(), task_prefix="e", seed=1, hop=None, handoff="relay")
+    assert proxy is not None
+    proxy.start(0.0)
+
+    # Assert: the task says the run's codec; the start is a delta base for the group's
+    # model; the member holds what the edge sent it, so its next central model goes whole
+    assert isinstance(proxy, EdgeGroupProxy) and proxy.task.codec == "int8"
+    assert np.array_equal(bases[model_key(start + 1)], start + 1)
+    assert downlinks.base_of(IDS[0]) is None
+    assert downlinks.encode(IDS[0], start + 2).base is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("codec", "share", "within"), [("int8", 0.3, 1e-3), ("int4", 0.16, 5e-3)])
+def test_an_int8_run_aggregates_at_its_edges_and_sends_each_group_model_in_its_codec(
+    codec: WireCodec, share: float, within: float, tmp_path: Path
+) -> None:
+    # Prepare: HierFAVG on 6 boards in 2 rooms, fp32 in the simulator
+    data, model = federation(femnist_root(), IDS), ensure_model("mlp_femnist")
+    simulated = hierfavg()
+    Simulation(simulated, dict(data), model, seed=3, federated_eval_every=0, edges=EDGES).run(3)
+
+    # Execute: the same through the edges, models travelling in ``codec``
+    edged = hierfavg()
+    records, hosts = run_with_edges(edged, data, model, tmp_path, edges=EDGES, rounds=3, codec=codec)
+
+    # Assert: every group ran at its edge with every board, each group model went up as a
+    # delta in the codec (int8 at most about a quarter of float32's bytes, int4 an eighth),
+    # and the models are the fp32 simulator's within the codec's step
+    assert [h.groups_done for h in hosts] == [3, 3]
+    assert all(r.trained == 6 and not r.skipped for r in records), records
+    assert simulated.global_weights is not None
+    n_params = simulated.global_weights.size
+    for host in hosts:
+        assert host.sent_up_bytes < share * host.groups_done * 4 * n_params, host.sent_up_bytes
+    assert max_abs_diff(simulated, edged) <= within
