@@ -33,7 +33,9 @@ central reference's.
 ``--equivalence`` instead compares the simulator, told the same site, with 6 boards
 through 2 edges in one process (:func:`server.lab.edges.sim_vs_edges`):
 ``sim_edge_max_abs_diff_<strategy>`` for HierFAVG and FedGSP, and DSC with the 6 boards
-behind one edge (its groups follow links and labels, not rooms).
+behind one edge (its groups follow links and labels, not rooms); then HierFAVG with the
+group models going up as int8 and int4 deltas (``..._hierfavg_int8``, ``_int4``) and
+``edge_group_model_bytes_ratio_fp32_to_<codec>``: what the edges sent up, fp32 ÷ codec.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from covey.paths import femnist_dir
+from device.protocol import WireCodec
 from server.field.edge_faults import (
     FieldFault,
     FieldScene,
@@ -136,21 +139,30 @@ def equivalence(rounds: int) -> int:
     edges = {"a": tuple(ids[:3]), "b": tuple(ids[3:])}
     train = TrainConfig(1, 10, 0.05, max_steps=5)
     makers: dict[str, dict[str, Any]] = {"hierfavg": {"tau2": 2}, "fedgsp": {}, "dsc": {"clients_per_round": 6}}
-    for name, params in makers.items():
+    runs: list[tuple[str, WireCodec]] = [(name, "fp32") for name in makers]
+    runs += [("hierfavg", "int8"), ("hierfavg", "int4")]  # the group models go up as deltas
+    sent_up: dict[WireCodec, int] = {}
+    for name, codec in runs:
         # DSC groups by links and labels, not by room: every board behind one edge
         site = {"a": tuple(ids)} if name == "dsc" else edges
         with tempfile.TemporaryDirectory(prefix="covey-edgebench-") as tmp:
             diff, hosts = sim_vs_edges(
-                lambda: make_strategy(name, train=train, **params),  # noqa: B023 (called at once)
+                lambda: make_strategy(name, train=train, **makers[name]),  # noqa: B023 (called at once)
                 federation(femnist_dir(), ids),
                 ensure_model("mlp_femnist"),
                 Path(tmp),
                 edges=site,
                 rounds=rounds,
+                codec=codec,
             )
         at = f"the {len(site)} edges" if len(site) > 1 else "the edge"
-        print(f"{name}: {sum(h.groups_done for h in hosts)} groups run at {at} over {rounds} rounds")
-        print(f"figure sim_edge_max_abs_diff_{name} = {diff:.3g}")
+        if name == "hierfavg":
+            sent_up[codec] = sum(h.sent_up_bytes for h in hosts)
+        suffix = "" if codec == "fp32" else f"_{codec}"
+        print(f"{name} ({codec}): {sum(h.groups_done for h in hosts)} groups run at {at} over {rounds} rounds")
+        print(f"figure sim_edge_max_abs_diff_{name}{suffix} = {diff:.3g}")
+    for codec in ("int8", "int4"):
+        print(f"figure edge_group_model_bytes_ratio_fp32_to_{codec} = {sent_up['fp32'] / sent_up[codec]:.1f}")
     return 0
 
 

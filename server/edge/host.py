@@ -139,7 +139,9 @@ class EdgeHost:
         self.state = EdgeState(s.state_dir) if s.state_dir is not None else None
         self.resumed = 0  # tasks taken up again from the state after a restart
         self.sent_up_bytes = 0  # the payloads of the group models sent up
-        self.feedback: dict[int, ErrorFeedback] = {}  # each group's uplink residual (server/edge/uplink.py)
+        # each group's uplink residual (server/edge/uplink.py), by its members: a group
+        # regrouped or split under the same id starts from none
+        self.feedback: OrderedDict[frozenset[str], ErrorFeedback] = OrderedDict()
 
     # -- the link ----------------------------------------------------------------------------
     def _lane_of(self, topic: str) -> str | None:
@@ -360,7 +362,7 @@ class EdgeHost:
         upload = None
         model = group_model(result, r.task.rule, r.start)
         if model is not None:  # in the run's codec; what the coordinator decodes is the model now
-            feedback = self.feedback.setdefault(task.group_id, ErrorFeedback())
+            feedback = self._feedback_of(task.members)
             upload = encode_upload(model, r.start, task.model, task.codec, feedback)
             model = upload.received
             self._hold(model)
@@ -383,6 +385,14 @@ class EdgeHost:
             len(result.members),
             len(result.skipped),
         )
+
+    def _feedback_of(self, members: Iterable[str]) -> ErrorFeedback:
+        key = frozenset(members)
+        feedback = self.feedback.pop(key, None) or ErrorFeedback()
+        self.feedback[key] = feedback  # the most recent last
+        while len(self.feedback) > REPORTS_KEPT:
+            self.feedback.popitem(last=False)
+        return feedback
 
     def _remember(self, key: str, model: np.ndarray | None, report: EdgeReport, upload: Upload | None = None) -> None:
         """Keep ``report`` (and ``model``, what the coordinator decodes) for a repeated

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from device.errors import ProtocolError
 from device.protocol import FrameCodec, WireCodec
 from device.protocol.codecs import ErrorFeedback, decode, delta_bits, encode_float, pack, upload_codec
 
@@ -59,13 +60,29 @@ def encode_upload(
     Returns
     -------
     Upload
-        Non-finite weights go ``raw``: the coordinator refuses them, naming the reason.
+        Whatever the codec cannot carry goes ``raw``: non-finite weights (for the
+        coordinator to refuse, naming the reason), weights beyond float16's range, and
+        deltas too large to quantise (a group's model is its members' together, so
+        nothing one member sent is lost to another's codec error).
     """
     frame = upload_codec(codec)
     weights = np.asarray(model, np.float32)
-    if frame in ("int8", "int4") and np.isfinite(weights).all():
-        payload, packed = pack(feedback.encode(weights, start, delta_bits(frame)), bits=delta_bits(frame))
-        return Upload(payload, packed, start_key, decode(payload, packed, np.asarray(start, np.float32)))
-    full: FrameCodec = "fp16" if frame == "fp16" and np.isfinite(weights).all() else "raw"
-    payload = encode_float(weights, full)
-    return Upload(payload, full, None, decode(payload, full))
+    finite = bool(np.isfinite(weights).all())
+    if frame in ("int8", "int4") and finite:
+        base = np.asarray(start, np.float32)
+        trial = ErrorFeedback()
+        trial.residual = feedback.residual
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                payload, packed = pack(trial.encode(weights, base, delta_bits(frame)), bits=delta_bits(frame))
+                received = decode(payload, packed, base)
+        except (ValueError, ProtocolError):  # a delta beyond what blocks of float32 scales hold
+            pass
+        else:
+            feedback.residual = trial.residual
+            return Upload(payload, packed, start_key, received)
+    if frame == "fp16" and finite:
+        payload = encode_float(weights, "fp16")
+        if np.isfinite(payload).all():
+            return Upload(payload, "fp16", None, decode(payload, "fp16"))
+    return Upload(weights, "raw", None, weights)

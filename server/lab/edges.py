@@ -97,11 +97,13 @@ def sim_vs_edges(
     edges: Mapping[str, tuple[str, ...]],
     rounds: int = 4,
     seed: int = 3,
+    codec: WireCodec = "fp32",
 ) -> tuple[float, list[EdgeHost]]:
-    """The simulator against the boards through their edges, same seed and site: the
-    largest difference of their models, and the edge hosts (what they ran)."""
+    """The simulator (fp32) against the boards through their edges in ``codec``, same
+    seed and site: the largest difference of their models, and the edge hosts (what
+    they ran)."""
     simulated = make()
     Simulation(simulated, dict(data), model_path, seed=seed, federated_eval_every=0, edges=edges).run(rounds)
     edged = make()
-    _, hosts = run_with_edges(edged, data, model_path, work, edges=edges, rounds=rounds, seed=seed)
+    _, hosts = run_with_edges(edged, data, model_path, work, edges=edges, rounds=rounds, seed=seed, codec=codec)
     return max_abs_diff(simulated, edged), hosts

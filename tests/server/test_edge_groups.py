@@ -468,6 +468,15 @@ def test_an_edge_sends_its_group_model_up_in_the_run_s_codec() -> None:
         assert float(np.max(np.abs(up.received - model))) <= at_most, codec
     assert encode_upload(model, start, key, "int8", ErrorFeedback()).payload.nbytes < model.nbytes / 3
 
+    # What the codec cannot carry goes raw, whole: weights beyond float16's range (one
+    # member's huge weight must not sink its group's model), a delta too large to quantise
+    huge = model.copy()
+    huge[7] = 1e6
+    for codec, weights in (("fp16", huge), ("int8", start + np.float32(3e38))):
+        up = encode_upload(weights, start - np.float32(3e38) if codec == "int8" else start, key, codec, ErrorFeedback())
+        assert up.codec == "raw" and np.array_equal(up.received, weights), codec
+        assert np.array_equal(check_weights(through_frames(up.payload, up.codec, up.base), 5000, None), weights)
+
     # Non-finite weights go as they are, for the coordinator to refuse with the reason
     bad = model.copy()
     bad[3] = np.nan
