@@ -16,18 +16,34 @@ Every gradient norm is a quadratic form in the n x n Gram matrix of the clients'
 gradients, so no n x d array beyond the gradients themselves is built; the gradients
 may be approximated by local updates (``-Δw / (η τ1)``).
 
-One departure: Alg. 1 reassigns all nodes at once (line 18/21). With the IID cost
-that oscillates — every node of a homogeneous group sees the other group as better
-and they all jump together. covey reassigns nodes one at a time, in random order,
-against the current memberships (the group aggregates are updated in O(n) per move),
-which is the same argmin of COST_A but a descent that settles.
+How nodes are (re)assigned (:data:`ICAssignment`, named in a run's settings):
+
+* ``"paper"``: Alg. 1 as written: a random membership (line 1) and random medoids
+  (line 17), every node moved at once to its argmin of COST_A against the current
+  memberships (lines 18 and 21), the medoids updated between (line 20), until the
+  assignment is steady or ``max_iter`` steps passed. The IID cost counts the node in the
+  group it would join, which favours the largest group: on 30 non-IID clients this
+  collapses into one big group and singletons for most seeds (issue 29), the paper's
+  objective as much as any implementation;
+* ``"descent"``: the same costs, but nodes move one at a time in random order against
+  the current memberships (the aggregates updated in O(n) per move), starting from the
+  nearest medoid: a descent that settles where the simultaneous moves oscillate, and
+  collapses as readily;
+* ``"balanced"``: covey's variant that does not collapse. The paper's order and costs,
+  but each reassignment is a minimum-cost assignment (``scipy.optimize.
+  linear_sum_assignment``) in which every group holds at most ``ceil(n / K)`` nodes,
+  each medoid kept in its group; the random start is balanced too. Groups are then
+  within one node of equal size, and the costs choose who goes where.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
+from scipy.optimize import linear_sum_assignment
 
 from server.errors import GroupingError
 from server.grouping._checks import RandomState, as_generator, check_n_groups, check_square
@@ -103,6 +119,10 @@ class _Memberships:
         self.labels[i] = to
 
 
+ICAssignment = Literal["paper", "descent", "balanced"]
+ASSIGNMENTS: tuple[ICAssignment, ...] = ("paper", "descent", "balanced")
+
+
 @dataclass(frozen=True)
 class ICResult:
     labels: np.ndarray
@@ -122,6 +142,7 @@ def fedavg_ic_groups(
     max_iter: int = 50,
     random_state: RandomState = None,
     gram: np.ndarray | None = None,
+    assignment: ICAssignment = "descent",
 ) -> ICResult:
     """NODE_GROUPING of FedAvg-IC Alg. 1 (lines 16-22).
 
@@ -138,6 +159,7 @@ def fedavg_ic_groups(
         50, enough to reach a steady cost.
     random_state: seed or generator for the medoids and the reassignment order.
     gram: optional precomputed Gram matrix of ``gradients``.
+    assignment: how nodes are (re)assigned (module docstring).
     """
     dist = check_square(distance, "distance matrix", symmetric=True, non_negative=True)
     n_nodes = len(dist)
@@ -154,7 +176,11 @@ def fedavg_ic_groups(
         gram = gram_matrix(grads.astype(np.float32, copy=False))
     if not np.isfinite(gram).all():
         raise GroupingError("gradients hold NaN or infinite values")
+    if assignment not in ASSIGNMENTS:
+        raise GroupingError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
     rng = as_generator(random_state)
+    if assignment != "descent":
+        return _simultaneous(gram, n, dist, k, alpha_iid, alpha_comm, max_iter, rng, balanced=assignment == "balanced")
     medoids = rng.choice(n_nodes, size=k, replace=False)
     labels = np.argmin(dist[:, medoids], axis=1)
     labels[medoids] = np.arange(k)
@@ -216,6 +242,84 @@ def fedavg_ic_groups(
         )
     )
     return ICResult(labels.astype(np.int64), medoids, n_iter, total)
+
+
+def _simultaneous(
+    gram: np.ndarray,
+    n: np.ndarray,
+    dist: np.ndarray,
+    k: int,
+    alpha_iid: float,
+    alpha_comm: float,
+    max_iter: int,
+    rng: np.random.Generator,
+    *,
+    balanced: bool,
+) -> ICResult:
+    """Alg. 1 lines 1 and 17-21 with every node moved at once; ``balanced``: each
+    reassignment capped at ``ceil(n / K)`` nodes per group (module docstring)."""
+    n_nodes = len(dist)
+    cap = math.ceil(n_nodes / k)
+    if balanced:  # line 1's random membership, as even as the cap asks
+        labels = np.empty(n_nodes, np.int64)
+        labels[rng.permutation(n_nodes)] = np.arange(n_nodes) % k
+        medoids = np.array([rng.choice(np.flatnonzero(labels == g)) for g in range(k)])
+    else:
+        labels = rng.integers(0, k, size=n_nodes)
+        medoids = rng.choice(n_nodes, size=k, replace=False)  # line 17
+        labels[medoids] = np.arange(k)
+    update_iid = _iid_update_cost(gram, n)
+    first_iid = _iid_assign_cost(gram, n, labels, k)
+    c_iid, c_comm = float(np.mean(first_iid)) or 1.0, float(np.mean(dist[:, medoids])) or 1.0  # footnote 2
+    c_u: dict[str, float] = {}
+
+    def assign_cost(current: np.ndarray, meds: np.ndarray) -> np.ndarray:  # Eq. (10), (12)
+        return alpha_iid * _iid_assign_cost(gram, n, current, k) / c_iid + alpha_comm * dist[:, meds] / c_comm
+
+    def assign(cost: np.ndarray, meds: np.ndarray) -> np.ndarray:
+        if not balanced:
+            out = np.argmin(cost, axis=1)
+            out[meds] = np.arange(k)
+            return out
+        slots = np.repeat(np.arange(k), cap)
+        wide = cost[:, slots]
+        for g, m in enumerate(meds):  # a medoid stays in its group
+            wide[m, slots != g] = np.inf
+        rows, cols = linear_sum_assignment(np.where(np.isfinite(wide), wide, 1e18))
+        out = np.empty(n_nodes, np.int64)
+        out[rows] = slots[cols]
+        return out
+
+    def update(current: np.ndarray, meds: np.ndarray) -> np.ndarray:  # line 20, Eq. (11)
+        new = meds.copy()
+        for g in range(k):
+            members = np.flatnonzero(current == g)
+            if not len(members):
+                continue
+            comm = dist[np.ix_(members, members)].sum(1)
+            c_u.setdefault("iid", float(np.mean(update_iid)) or 1.0)
+            c_u.setdefault("comm", float(np.mean(comm)) or 1.0)
+            u = alpha_iid * update_iid[members] / c_u["iid"] + alpha_comm * comm / c_u["comm"]
+            new[g] = members[np.argmin(u)]
+        return new
+
+    labels = assign(assign_cost(labels, medoids), medoids)  # line 18
+    n_iter = 0
+    for n_iter in range(1, max_iter + 1):  # lines 19-21
+        new_medoids = update(labels, medoids)
+        new_labels = assign(assign_cost(labels, new_medoids), new_medoids)
+        steady = np.array_equal(new_labels, labels) and np.array_equal(new_medoids, medoids)
+        labels, medoids = new_labels, new_medoids
+        if steady:
+            break
+    final = assign_cost(labels, medoids)
+    total = float(final[np.arange(n_nodes), labels].sum())
+    return ICResult(labels.astype(np.int64), medoids, n_iter, total)
+
+
+def largest_group_share(labels: np.ndarray) -> float:
+    """The largest group's share of the nodes (1.0: everyone in one group)."""
+    return float(np.bincount(np.asarray(labels)).max() / len(labels)) if len(labels) else 0.0
 
 
 class FedAvgICGrouping:

@@ -33,6 +33,7 @@ the method actually outputs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import numpy as np
@@ -40,7 +41,7 @@ import numpy as np
 from server.aggregation.hierarchical import HierarchicalSchedule
 from server.errors import StrategyError
 from server.grouping.baselines import random_groups
-from server.grouping.fedavg_ic import fedavg_ic_groups
+from server.grouping.fedavg_ic import ASSIGNMENTS, ICAssignment, fedavg_ic_groups, largest_group_share
 from server.strategies.base import (
     GroupPlan,
     GroupResult,
@@ -52,6 +53,9 @@ from server.strategies.base import (
     returned,
 )
 from server.strategies.clustered import GroupModelStrategy
+
+log = logging.getLogger("covey.server")
+DEGENERATE_SHARE = 0.5  # a grouping whose largest group holds more of the devices is reported
 
 
 class FedAvgIC(GroupModelStrategy):
@@ -66,6 +70,12 @@ class FedAvgIC(GroupModelStrategy):
         (defaults (1, 5), Sec. 6.1).
     alpha_iid, alpha_comm: weights of the IID and communication costs (Eq. 12).
     max_steady_steps: the most iterations of Alg. 1 lines 19-21 (1, Sec. 6.1).
+    assignment: how NODE_GROUPING (re)assigns nodes (:data:`~server.grouping.fedavg_ic.ICAssignment`):
+        ``"balanced"`` (default: covey's variant, groups within one node of equal size),
+        ``"paper"`` (Alg. 1 as written) or ``"descent"`` (one node at a time). The paper's
+        and the descent's groups can collapse into one big group and singletons; a
+        grouping whose largest group holds over :data:`DEGENERATE_SHARE` of the nodes is
+        logged as a warning and recorded (``largest_group_share`` in the round's summary).
     """
 
     summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Lee et al.)"
@@ -81,8 +91,13 @@ class FedAvgIC(GroupModelStrategy):
         alpha_iid: float = 1.0,
         alpha_comm: float = 1.0,
         max_steady_steps: int = 1,
+        assignment: ICAssignment = "balanced",
     ) -> None:
         super().__init__(n_groups, clients_per_round or 1, train, "none")
+        if assignment not in ASSIGNMENTS:
+            raise StrategyError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
+        self.assignment_rule: ICAssignment = assignment
+        self.grouping_share: float | None = None  # the largest group's share, once grouped
         if isinstance(max_steady_steps, bool) or not isinstance(max_steady_steps, int) or max_steady_steps < 1:
             raise StrategyError(f"max_steady_steps must be a positive integer, got {max_steady_steps!r}")
         self.all_clients = clients_per_round is None
@@ -139,8 +154,21 @@ class FedAvgIC(GroupModelStrategy):
             alpha_comm=self.alpha_comm if has_dist else 0.0,
             max_iter=self.max_steady_steps,
             random_state=self.rng,
+            assignment=self.assignment_rule,
         )
         self._set_groups(ids, res.labels)
+        share = largest_group_share(res.labels)
+        self.grouping_share = share
+        if k > 1 and share > DEGENERATE_SHARE:
+            log.warning(
+                "%s's grouping degenerated: its largest group holds %d of %d devices (%.0f %%; assignment %r); "
+                "`--set assignment=balanced` keeps groups within one device of equal size",
+                self.name,
+                round(share * len(ids)),
+                len(ids),
+                100 * share,
+                self.assignment_rule,
+            )
 
     def _set_groups(self, ids: Sequence[str], labels: np.ndarray) -> None:
         assert self.global_weights is not None
@@ -185,12 +213,15 @@ class FedAvgIC(GroupModelStrategy):
         if is_global and members:
             self.global_weights = self.average(models, sizes)
             self.group_models = [self.global_weights.copy() for _ in self.group_models]
+        extra = {"global_aggregation": float(is_global)}
+        if rnd == first and self.grouping_share is not None:  # the round the groups were formed for
+            extra["largest_group_share"] = self.grouping_share
         return RoundSummary(
             rnd,
             len(self.group_models),
             self.groups_as_lists(),
             mean_loss(results),
-            {"global_aggregation": float(is_global)},
+            extra,
             aggregation="leader" if is_global else "leader_only",
         )
 
@@ -223,4 +254,5 @@ class HierFAVG(FedAvgIC):
             alpha_iid=0.0,
             alpha_comm=1.0,
             max_steady_steps=max_steady_steps,
+            assignment="descent",  # the network's own groups, whatever their sizes
         )

@@ -7,7 +7,7 @@ import pytest
 from sklearn.metrics import adjusted_rand_score
 
 from server.errors import GroupingError
-from server.grouping.fedavg_ic import FedAvgICGrouping, _iid_assign_cost, fedavg_ic_groups
+from server.grouping.fedavg_ic import FedAvgICGrouping, _iid_assign_cost, fedavg_ic_groups, largest_group_share
 from server.grouping.fedgroup import gram_matrix
 from server.grouping.kmedoids import kmedoids
 
@@ -79,3 +79,50 @@ def test_incremental_memberships_track_moves_exactly() -> None:
     fresh = _iid_assign_cost(gram, n, state.labels, 3)
     for i in range(7):
         np.testing.assert_allclose(state.iid_row(i), fresh[i], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("assignment", ["paper", "descent", "balanced"])
+def test_each_assignment_groups_by_distance_when_only_distance_counts(assignment: str) -> None:
+    # Prepare: three sites of four nodes, far apart; no IID cost
+    pos = np.repeat([0.0, 50.0, 100.0], 4) + np.tile(np.arange(4.0), 3)
+    dist = np.abs(pos[:, None] - pos[None, :])
+    truth = np.repeat([0, 1, 2], 4)
+
+    # Execute: a few seeds, the steps run until steady
+    found = [
+        fedavg_ic_groups(
+            np.zeros((12, 3), np.float32), np.ones(12), dist, 3, alpha_iid=0.0, random_state=s, assignment=assignment
+        ).labels
+        for s in range(3)
+    ]
+
+    # Assert: the sites (a random start can pin two medoids in one site for the paper's and
+    # the descent's, never for most seeds)
+    assert max(adjusted_rand_score(truth, labels) for labels in found) == pytest.approx(1.0)
+    if assignment == "balanced":
+        assert all(adjusted_rand_score(truth, labels) == pytest.approx(1.0) for labels in found)
+
+
+def test_balanced_groups_are_within_one_node_of_equal_size_and_keep_their_medoids() -> None:
+    # Prepare: 23 nodes whose gradients would pull them into one group (one node far off)
+    rng = np.random.default_rng(5)
+    grads = rng.normal(size=(23, 40)).astype(np.float32)
+    grads[0] *= 50
+    dist = rng.uniform(1, 10, size=(23, 23))
+    dist = (dist + dist.T) / 2
+    np.fill_diagonal(dist, 0)
+
+    for seed in range(5):
+        # Execute
+        res = fedavg_ic_groups(grads, rng.integers(10, 100, 23), dist, 5, random_state=seed, assignment="balanced")
+
+        # Assert: 5 groups of 4 or 5 (ceil(23 / 5) = 5 at most), each with its medoid
+        sizes = np.bincount(res.labels, minlength=5)
+        assert sizes.max() <= 5 and sizes.min() >= 3 and sizes.sum() == 23, sizes
+        assert [res.labels[m] for m in res.medoids] == list(range(5))
+        assert largest_group_share(res.labels) <= 5 / 23
+
+
+def test_an_unknown_assignment_is_refused() -> None:
+    with pytest.raises(GroupingError, match="assignment must be one of paper, descent, balanced"):
+        fedavg_ic_groups(np.zeros((4, 2), np.float32), np.ones(4), np.zeros((4, 4)), 2, assignment="pam")  # type: ignore[arg-type]

@@ -120,3 +120,37 @@ def test_bad_steady_steps_are_refused() -> None:
 
     with pytest.raises(StrategyError, match="max_steady_steps"):
         FedAvgIC(max_steady_steps=0)
+
+
+@pytest.mark.slow
+def test_fedavg_i_on_30_femnist_writers_does_not_collapse_and_the_papers_assignment_says_it_does(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Prepare: FedAvg-I (data alone) with 5 groups over 30 FEMNIST writers: on 2026-11-23
+    # it grouped 26/1/1/1/1 for 5 of 5 seeds (issue 29)
+    from covey.paths import femnist_dir
+    from server.lab.edges import federation
+    from server.paths import ensure_model
+    from server.simulation.engine import Simulation
+    from server.strategies.base import TrainConfig
+
+    data, model = federation(femnist_dir(), [f"w{i:02d}" for i in range(30)]), ensure_model("mlp_femnist")
+
+    def grouped(assignment: str) -> tuple[list[int], float]:
+        strategy = FedAvgIC(5, train=TrainConfig(1, 10, 0.05, max_steps=5), alpha_comm=0.0, assignment=assignment)  # type: ignore[arg-type]
+        records = Simulation(strategy, dict(data), model, seed=0, federated_eval_every=0).run(2)
+        sizes = sorted(np.bincount(list(strategy.assignment.values())).tolist(), reverse=True)
+        return sizes, records[1].extra["largest_group_share"]
+
+    # Execute
+    with caplog.at_level("WARNING", logger="covey.server"):
+        balanced, balanced_share = grouped("balanced")
+        assert "degenerated" not in caplog.text
+        paper, paper_share = grouped("paper")
+
+    # Assert: the default's groups are 6 each, recorded; the paper's collapse, warned of
+    # and recorded (the share the record holds is the groups' own)
+    assert balanced == [6, 6, 6, 6, 6] and balanced_share == pytest.approx(0.2)
+    assert paper[0] > 15 and paper_share == pytest.approx(paper[0] / 30)
+    assert "fedavg_ic's grouping degenerated: its largest group holds" in caplog.text
+    assert "assignment 'paper'" in caplog.text
