@@ -31,14 +31,14 @@ How nodes are (re)assigned (:data:`ICAssignment`, named in a run's settings):
   collapses as readily;
 * ``"balanced"``: covey's variant that does not collapse. The paper's order and costs,
   but each reassignment is a minimum-cost assignment (``scipy.optimize.
-  linear_sum_assignment``) in which every group holds at most ``ceil(n / K)`` nodes,
-  each medoid kept in its group; the random start is balanced too. Groups are then
-  within one node of equal size, and the costs choose who goes where.
+  linear_sum_assignment``) in which every group holds ``floor(n / K)`` or
+  ``ceil(n / K)`` nodes, each medoid kept in its group; the random start is balanced
+  too. Groups are then within one node of equal size, and the costs choose who goes
+  where.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -120,6 +120,7 @@ class _Memberships:
 
 
 ICAssignment = Literal["paper", "descent", "balanced"]
+MUST_FILL = 1e6  # the bonus of a balanced assignment's required slots (costs are normalised, O(1))
 ASSIGNMENTS: tuple[ICAssignment, ...] = ("paper", "descent", "balanced")
 
 
@@ -257,9 +258,8 @@ def _simultaneous(
     balanced: bool,
 ) -> ICResult:
     """Alg. 1 lines 1 and 17-21 with every node moved at once; ``balanced``: each
-    reassignment capped at ``ceil(n / K)`` nodes per group (module docstring)."""
+    group ``floor(n / K)`` or ``ceil(n / K)`` nodes (module docstring)."""
     n_nodes = len(dist)
-    cap = math.ceil(n_nodes / k)
     if balanced:  # line 1's random membership, as even as the cap asks
         labels = np.empty(n_nodes, np.int64)
         labels[rng.permutation(n_nodes)] = np.arange(n_nodes) % k
@@ -281,8 +281,11 @@ def _simultaneous(
             out = np.argmin(cost, axis=1)
             out[meds] = np.arange(k)
             return out
-        slots = np.repeat(np.arange(k), cap)
-        wide = cost[:, slots]
+        # each group floor(n/K) slots that must be filled (a bonus far above any cost) and
+        # one more that may be: the sizes are floor(n/K) or ceil(n/K)
+        floor = n_nodes // k
+        slots = np.concatenate([np.repeat(np.arange(k), floor), np.arange(k)])
+        wide = cost[:, slots] - np.where(np.arange(len(slots)) < k * floor, MUST_FILL, 0.0)[None, :]
         for g, m in enumerate(meds):  # a medoid stays in its group
             wide[m, slots != g] = np.inf
         rows, cols = linear_sum_assignment(np.where(np.isfinite(wide), wide, 1e18))
