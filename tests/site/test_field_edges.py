@@ -5,6 +5,9 @@ one way (``examples/topologies/two-rooms.toml``). The gateways run the rooms' mo
 bridged to the central one, and ``covey edge run``; HierFAVG's groups are the rooms, and
 each round's group runs at its room's edge, so only its model crosses the uplink.
 
+With ``--central`` (the topology file's own comment says to add it) the gateways only
+forward: the same links, every board's models crossing the uplinks, no group at an edge.
+
 Everything runs in network namespaces the command creates and removes, also on failure.
 """
 
@@ -58,6 +61,36 @@ def test_each_room_s_group_runs_at_its_edge_and_only_its_model_crosses_the_uplin
     # the boards of a room reach each other through their edge: no uplink in their RTT
     report = json.loads((tmp_path / "field" / "field.json").read_text())
     assert all(s["measured_rtt_ms"] < 50 for s in report["sites"]), report["sites"]
+    assert_no_namespaces_left(out)
+
+
+def test_with_central_the_gateways_only_forward_and_every_model_crosses_the_uplinks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Prepare: the same command with --central
+    argv = ["field-test", str(REPO / "examples/topologies/two-rooms.toml"), "--strategy", "hierfavg"]
+    argv += ["--rounds", "2", "--central", "--out", str(tmp_path / "field")]
+
+    # Execute
+    code = main(argv)
+
+    # Assert: the same groups (the coordinator is told the rooms either way), every one
+    # run at the coordinator, and round 2's uplinks carried each board's start model and
+    # its own model: the traffic the edges save
+    out = capsys.readouterr().out
+    assert code == 0, out[-3000:]
+    assert "the sites' gateways only forwarded (--central): every group ran at the coordinator" in out, out[-2000:]
+    rows = json.loads((tmp_path / "field" / "state" / "results.json").read_text())["rounds"]
+    rooms = [[f"{room}-0{k}" for k in range(1, 4)] for room in ("north", "south")]
+    assert [sorted(map(sorted, r["groups"])) for r in rows] == [rooms, rooms]
+    assert all(r["skipped"] == 0 and len(r["trained_ids"]) == 6 for r in rows), rows
+    assert not list((tmp_path / "field" / "logs").glob("edge-*.log"))
+    traffic = json.loads((tmp_path / "field" / "field.json").read_text())["link_bytes"]
+    assert traffic["uplinks"]["down"][1] + traffic["uplinks"]["up"][1] > 12 * MODEL, traffic
+    assert_no_namespaces_left(out)
+
+
+def assert_no_namespaces_left(out: str) -> None:
     prefix = re.search(r"network namespaces (\S+)\*", out)  # this test's (others may run beside it)
     assert prefix is not None, out[:2000]
     assert not [n for n in leftovers() if n.startswith(prefix.group(1))], leftovers()
