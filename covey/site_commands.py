@@ -17,8 +17,12 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from device.errors import ConfigError
+
+if TYPE_CHECKING:
+    from server.site.edge import EdgeSpec
 
 
 def _cmd_site_init(args: argparse.Namespace) -> int:
@@ -39,6 +43,7 @@ def _cmd_site_init(args: argparse.Namespace) -> int:
         system=args.system,
         broker_memory_mb=args.broker_memory_mb,
     )
+    edge = _edge_of_init(args, spec.devices)  # checked before anything is written
     site = init_site(Path(args.dir), spec, force=args.force)
     s, layout = site.spec, site.layout
     names = ", ".join((*s.hosts, *s.ips))
@@ -47,8 +52,52 @@ def _cmd_site_init(args: argparse.Namespace) -> int:
     print(f"  broker:      {layout.broker_conf} (TLS on port {s.port} for {names}{plain})")
     print(f"  coordinator: {layout.coordinator_dir} (user coordinator)")
     print(f"  boards:      {layout.devices_dir}/<ID>/, one bundle per board: {', '.join(s.devices)}")
+    if edge is not None:
+        from server.site.edge_files import add_edge
+
+        folder = add_edge(layout.root, edge)
+        print(f"  edge:        {folder} (its boards dial it: {', '.join(edge.devices)}; bridged as edge.{edge.name})")
     print(f"next: covey broker run --site {layout.root}   (or firmware_scripts/broker-setup.sh for systemd)")
+    if edge is not None:
+        print(f"      and on the edge's host: covey edge run --site {layout.root} --edge {edge.name}")
     return 0
+
+
+def _edge_of_init(args: argparse.Namespace, devices: tuple[str, ...]) -> EdgeSpec | None:
+    """``covey site init --edge NAME --edge-devices ...``: the edge ``covey site add-edge``
+    would add, checked against the new site's devices; None without ``--edge``."""
+    from server.site.edge import EdgeSpec, check_edge
+    from server.site.spec import check_device_id, check_host, check_ip, check_port
+
+    rest = [
+        f
+        for f, v in (
+            ("--edge-devices", args.edge_devices),
+            ("--edge-host", args.edge_host),
+            ("--edge-ip", args.edge_ip),
+        )
+        if v
+    ]
+    if args.edge is None:
+        if rest:
+            raise ConfigError(f"{rest[0]} goes with --edge NAME (the edge's name, a room such as lab)")
+        return None
+    check_device_id(args.edge, "--edge")
+    if not (args.edge_host or args.edge_ip):
+        raise ConfigError(
+            f"--edge {args.edge}: give the edge host's name with --edge-host and/or its address with --edge-ip"
+        )
+    if not args.edge_devices:
+        raise ConfigError(f"--edge {args.edge}: --edge-devices needs at least one of the site's --devices")
+    edge = EdgeSpec(
+        args.edge,
+        tuple(dict.fromkeys(check_host(h) for h in args.edge_host or ())),
+        tuple(dict.fromkeys(check_ip(a) for a in args.edge_ip or ())),
+        tuple(dict.fromkeys(args.edge_devices)),
+        check_port(args.edge_port, "--edge-port"),
+    )
+    check_edge(edge, devices, [])
+    return edge
 
 
 def _cmd_site_add_device(args: argparse.Namespace) -> int:
@@ -217,6 +266,11 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "(default 256; raise it for models over ~10 MB: at least eight models' worth)",
     )
     p.add_argument("--force", action="store_true", help="replace DIR if it holds anything (boards need new bundles)")
+    p.add_argument("--edge", metavar="NAME", help="also an edge for one room, as `covey site add-edge` makes it")
+    p.add_argument("--edge-devices", nargs="+", metavar="ID", help="with --edge: the boards in that room")
+    p.add_argument("--edge-host", action="append", metavar="NAME", help="with --edge: a name its boards dial")
+    p.add_argument("--edge-ip", action="append", metavar="ADDR", help="with --edge: an address its boards dial")
+    p.add_argument("--edge-port", type=int, default=8883, metavar="PORT", help="with --edge: its TLS port (8883)")
     p.set_defaults(func=_cmd_site_init)
 
     p = site_sub.add_parser("add-device", help="add a board to a site: its password and bundle")

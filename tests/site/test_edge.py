@@ -94,6 +94,58 @@ def test_add_edge_refuses_a_mistake_in_one_line(
     assert not (site.layout.root / "edges" / "lab").exists()
 
 
+def test_site_init_with_an_edge_makes_what_add_edge_makes(site_parent: Path) -> None:
+    # Prepare, execute: the site and its edge in one command (issue 28's
+    # `covey site init ... --edge NAME --edge-devices ...`), and the same in two
+    port = free_port()
+    one = init(
+        site_parent / "one",
+        *ROOM,
+        *OTHERS,
+        extra=(
+            "--edge",
+            "lab",
+            "--edge-devices",
+            *ROOM,
+            "--edge-ip",
+            "127.0.0.1",
+            "--edge-host",
+            "localhost",
+            "--edge-port",
+            str(port),
+        ),
+    )
+    two = init(site_parent / "two", *ROOM, *OTHERS)
+    assert add_edge(two.layout.root, port) == 0
+
+    # Assert: the same edge, and the room's bundles dial it in both
+    assert load_edges(one.layout) == load_edges(two.layout)
+    for device in ROOM:
+        toml = tomllib.loads((one.layout.bundle(device) / "device.toml").read_text())
+        assert toml["broker"] == f"localhost:{port}"
+    other = tomllib.loads((one.layout.bundle(OTHERS[0]) / "device.toml").read_text())
+    assert other["broker"] == one.spec.broker
+    assert "user edge.lab" in (one.layout.broker_dir / "acl").read_text()
+
+
+@pytest.mark.parametrize(
+    ("extra", "needles"),
+    [
+        (("--edge", "lab", "--edge-devices", *ROOM), ["--edge lab: give the edge host's name with --edge-host"]),
+        (("--edge", "lab", "--edge-ip", "127.0.0.1"), ["--edge-devices needs at least one of the site's --devices"]),
+        (("--edge-devices", *ROOM), ["--edge-devices goes with --edge NAME"]),
+        (("--edge", "lab", "--edge-ip", "127.0.0.1", "--edge-devices", "ghost"), ["'ghost' is not a device"]),
+    ],
+)
+def test_site_init_refuses_an_edge_mistake_before_writing_anything(
+    site_parent: Path, extra: tuple[str, ...], needles: list[str]
+) -> None:
+    folder = site_parent / "site"
+    proc = covey("site", "init", str(folder), "--ip", "127.0.0.1", *extra, "--devices", *ROOM)
+    assert_one_line_error(proc, *needles)
+    assert not folder.exists()
+
+
 def test_a_board_belongs_to_one_edge(site_parent: Path) -> None:
     site = init(site_parent / "site", *ROOM, *OTHERS)
     assert add_edge(site.layout.root, free_port()) == 0
