@@ -75,8 +75,9 @@ def assert_every_round_trained_everyone(run: SiteRun, rounds: int) -> None:
     records = run.results["rounds"]
     assert [r["round"] for r in records] == list(range(1, rounds + 1))
     for r in records:
-        assert r["trained"] == 4 and r["skipped"] == 0, r
-        assert sorted(r["trained_ids"]) == sorted([*BOARDS, *HOSTS]), r
+        # the logs too: a board that missed a round says why only there
+        assert r["trained"] == 4 and r["skipped"] == 0, f"{r}\n{tails(run)}"
+        assert sorted(r["trained_ids"]) == sorted([*BOARDS, *HOSTS]), f"{r}\n{tails(run)}"
         assert 0 < r["server_accuracy"] <= 1
 
 
