@@ -31,10 +31,10 @@ def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
     out = ["--strategy", args.strategy, "--model", args.model, "--rounds", str(args.rounds)]
     out += ["--deadline", str(args.deadline), "--register-timeout", str(args.register_timeout)]
     out += ["--federated-eval-every", "0", "--link-bandwidth-mhz", str(args.link_bandwidth_mhz)]
-    for flag in ("epochs", "batch", "lr", "codec", "handoff"):
+    for flag in ("epochs", "batch", "lr", "lr_decay", "codec", "handoff"):
         value = getattr(args, flag)
         if value is not None:
-            out += [f"--{flag}", str(value)]
+            out += [f"--{flag.replace('_', '-')}", str(value)]
     for assignment in args.set or []:
         out += ["--set", assignment]
     given = parse_assignments(args.set)
@@ -53,11 +53,14 @@ def _check(args: argparse.Namespace) -> None:
         ("timeout", args.timeout),
         ("deadline", args.deadline),
         ("lr", args.lr),
+        ("lr-decay", args.lr_decay),
         ("link-bandwidth-mhz", args.link_bandwidth_mhz),
         ("register-timeout", args.register_timeout),
     ):
         if value is not None and not value > 0:
             raise ConfigError(f"--{flag} must be > 0, got {value:g}")
+    if args.lr_decay is not None and args.lr_decay > 1:
+        raise ConfigError(f"--lr-decay must be in (0, 1] (1: no decay), got {args.lr_decay:g}")
     for flag, count in (("epochs", args.epochs), ("batch", args.batch)):
         if count is not None and count < 1:
             raise ConfigError(f"--{flag} must be >= 1, got {count}")
@@ -158,6 +161,9 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--epochs", type=int, help="local epochs (default: the method's paper value)")
     p.add_argument("--batch", type=int, help="local mini-batch size (default: the method's paper value)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
+    p.add_argument(
+        "--lr-decay", type=float, metavar="D", help="the learning rate of round r is lr x D^(r-1) (default: paper's)"
+    )
     add_codec_flag(p)
     p.add_argument(
         "--handoff",

@@ -32,6 +32,13 @@ def add_learning_flags(p: argparse.ArgumentParser, *, model_help: str, who: str 
     p.add_argument("--lr", type=float, help="local SGD learning rate (default: the method's paper value)")
     p.add_argument("--mu", type=float, help="FedProx proximal weight for local training (default: the method's)")
     p.add_argument(
+        "--lr-decay",
+        type=float,
+        metavar="D",
+        help="the learning rate of round r is lr x D^(r-1), in (0, 1] (default: the method's paper value, "
+        "1 for most: no decay)",
+    )
+    p.add_argument(
         "--set", action="append", metavar="KEY=VALUE", help="strategy parameter, e.g. n_groups=5 kappa=0.3 mu=0.01"
     )
     add_screening_flags(p)
@@ -89,6 +96,7 @@ def learning_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "lr": args.lr,
         "mu": args.mu,
+        "lr_decay": args.lr_decay,
         "strategy_params": parse_assignments(args.set) or None,
         "clients_per_round": args.clients_per_round,
         "screening": {"on": True, "off": False}.get(args.screening or ""),

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -304,7 +305,7 @@ class RoundDriver:
             )
             self.strategy.unavailable = frozenset(excluded)
             try:
-                retry = self.strategy.plan_round(self.rnd, self.context)
+                retry = scheduled(self.strategy.plan_round(self.rnd, self.context))
             except (CoveyError, ValueError) as exc:  # nobody else to ask, or too few to group
                 log.warning("round %d: no other devices to try (%s)", self.rnd, exc)
                 break
@@ -328,7 +329,7 @@ class RoundDriver:
         return hop_bound(self.screening, self.defense.past(), server)
 
     def _plan(self) -> RoundPlan:
-        plan = self.strategy.plan_round(self.rnd, self.context)
+        plan = scheduled(self.strategy.plan_round(self.rnd, self.context))
         if self.on_planned is not None:
             self.on_planned(plan)
         return plan
@@ -390,3 +391,11 @@ def _refused_on_the_way(rnd: int, plan: RoundPlan, results: Sequence[GroupResult
 def _nothing_returned(plan: RoundPlan, results: Sequence[GroupResult]) -> bool:
     """Every group of a non-empty plan came back without a single member's result."""
     return bool(plan.groups) and not any(r.members for r in results)
+
+
+def scheduled(plan: RoundPlan) -> RoundPlan:
+    """``plan`` with its round's learning rate (:meth:`TrainConfig.for_round`): the one
+    place a schedule applies, for simulations and boards alike, before the plan is
+    journaled (a resumed round trains with the rate it was planned with)."""
+    train = plan.train.for_round(plan.round)
+    return plan if train is plan.train else replace(plan, train=train)

@@ -56,8 +56,8 @@ def shown(value: Any) -> str:
 class RunConfig:
     """The learning settings of one run, checked on construction (one line on a mistake).
 
-    ``None`` for ``epochs``, ``batch``, ``lr`` and ``mu`` means the strategy's paper
-    value; ``model`` ``None`` means the command's default model; ``clients_per_round``
+    ``None`` for ``epochs``, ``batch``, ``lr``, ``mu`` and ``lr_decay`` means the
+    strategy's paper value; ``model`` ``None`` means the command's default model; ``clients_per_round``
     applies to the strategies that take it."""
 
     strategy: str = "fedavg"
@@ -69,6 +69,7 @@ class RunConfig:
     batch: int | None = None
     lr: float | None = None
     mu: float | None = None
+    lr_decay: float | None = None  # the learning rate of round r is lr * lr_decay ** (r - 1)
     clients_per_round: int | None = None
     screening: bool = True  # the update-norm bound (server/screening.py)
     norm_factor: float = 10.0
@@ -104,6 +105,8 @@ class RunConfig:
             raise ConfigError(f"lr must be a positive number, got {shown(self.lr)}")
         if self.mu is not None and not (is_number(self.mu) and 0 <= self.mu < float("inf")):
             raise ConfigError(f"mu must be a number >= 0, got {shown(self.mu)}")
+        if self.lr_decay is not None and not (is_number(self.lr_decay) and 0 < self.lr_decay <= 1):
+            raise ConfigError(f"lr_decay must be a number in (0, 1] (1: no decay), got {shown(self.lr_decay)}")
         if not isinstance(self.screening, bool):
             raise ConfigError(f"screening must be true or false, got {shown(self.screening)}")
         if not is_number(self.norm_factor) or not is_number(self.trim) or not isinstance(self.aggregation, str):
@@ -151,6 +154,7 @@ class RunConfig:
         """The settings under ``prefix`` that someone set (``train``, ``strategy``, ``dataset``)."""
         if prefix == "train":
             values = {"epochs": self.epochs, "batch": self.batch, "lr": self.lr, "mu": self.mu}
+            values["lr_decay"] = self.lr_decay
             return {k: self.setting(k, v) for k, v in values.items() if v is not None}
         params = self.strategy_params if prefix == "strategy" else getattr(self, "dataset_params", {})
         return {k: self.setting(f"{prefix}.{k}", v) for k, v in params.items()}

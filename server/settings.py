@@ -42,7 +42,7 @@ class Setting:
         return {"value": self.value, "source": self.source.value, "detail": self.detail}
 
 
-TRAIN_KEYS = {"epochs": "epochs", "batch": "batch_size", "lr": "lr", "mu": "mu"}
+TRAIN_KEYS = {"epochs": "epochs", "batch": "batch_size", "lr": "lr", "mu": "mu", "lr_decay": "lr_decay"}
 
 
 def strategy_class(name: str) -> type[Strategy]:

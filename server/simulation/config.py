@@ -21,6 +21,7 @@ A file looks like::
     batch = 10
     lr = 0.01
     mu = 0.0
+    lr_decay = 1.0          # the learning rate of round r is lr * lr_decay ** (r - 1)
 
     [strategy]
     name = "flexcfl"
@@ -199,7 +200,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
             kwargs[key] = sim.pop(key)
     if sim:
         raise ConfigError(f"{path}: unknown [simulation] key(s) {sorted(sim)}")
-    for key in ("epochs", "batch", "lr", "mu"):
+    for key in ("epochs", "batch", "lr", "mu", "lr_decay"):
         if key in train:
             kwargs[key] = train.pop(key)
     if train:

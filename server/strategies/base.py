@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Literal, Protocol
 
 import numpy as np
@@ -63,12 +63,23 @@ class TrainConfig:
     lr: float = 0.01
     mu: float = 0.0  # FedProx proximal weight
     max_steps: int | None = None
+    lr_decay: float = 1.0  # the learning rate of round r is lr * lr_decay ** (r - 1)
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or not self.lr > 0 or self.mu < 0:
             raise StrategyError(f"invalid training settings: {self}")
         if self.max_steps is not None and self.max_steps < 1:
             raise StrategyError("max_steps must be at least 1")
+        if not 0 < self.lr_decay <= 1:
+            raise StrategyError(f"lr_decay must be in (0, 1], got {self.lr_decay!r}")
+
+    def for_round(self, rnd: int) -> TrainConfig:
+        """The settings round ``rnd`` trains with: the learning rate decayed exponentially,
+        once per round (``lr * lr_decay ** (rnd - 1)``; FedAvg-IC's Table 4 sets 0.99),
+        and ``lr_decay`` itself left at 1 (what a plan carries is already that round's)."""
+        if self.lr_decay == 1.0:
+            return self
+        return replace(self, lr=self.lr * self.lr_decay ** max(rnd - 1, 0), lr_decay=1.0)
 
     def to_wire(self) -> LocalTraining:
         """The one conversion to what a device receives (simulated devices too)."""

@@ -13,6 +13,7 @@ FlexCFL code does: the first ceil(N/K) rounds visit every client once, in order)
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -106,9 +107,7 @@ class FedProx(FedAvg):
         self, clients_per_round: int = 10, train: TrainConfig | None = None, mu: float = 0.01, warmup: str = "none"
     ) -> None:
         base = train or type(self).paper_train
-        super().__init__(
-            clients_per_round, TrainConfig(base.epochs, base.batch_size, base.lr, mu, base.max_steps), warmup
-        )
+        super().__init__(clients_per_round, replace(base, mu=mu), warmup)
 
 
 class FedOpt(FedAvg):

@@ -7,8 +7,8 @@ every group (Eq. 4, Alg. 1 lines 10-12). The defaults are the paper's experiment
 (τ1, τ2) = (1, 5) (Sec. 6.1, Table 4).
 
 FedAvg-IC starts ungrouped with τ1 = τ2 = 1 (Alg. 1 line 1): round 1 is one local
-pass and a global aggregation; its updates stand in for the local gradients
-(``∇F_i ≈ -(w_i - w)``), and NODE_GROUPING (:mod:`server.grouping.fedavg_ic`) groups the
+SGD step and a global aggregation; its updates stand in for the local gradients
+(``∇F_i ≈ -(w_i - w) / η``), and NODE_GROUPING (:mod:`server.grouping.fedavg_ic`) groups the
 nodes by IID and communication cost over the context's distance matrix (measured RTT;
 without one only the IID cost counts, FedAvg-I). Grouping happens once (line 13-14),
 with at most ``max_steady_steps`` iterations of lines 19-21: 1 by default, as in the
@@ -16,7 +16,9 @@ paper's experiments ("the number of maximum steady steps was set to 1", Sec. 6.1
 From then on (τ1, τ2) apply (line 15) and global aggregations are counted from the
 first grouped round: grouped round ``i`` (round 2 is grouped round 1) is global when
 ``i mod τ2 = 0``. That is Alg. 1 line 10's ``(t - 1) mod τ1τ2 = 0``: grouped round
-``i`` ends at step ``t = 1 + i τ1``, after the one-step ungrouped start.
+``i`` ends at step ``t = 1 + i τ1``, after the one-step ungrouped start. Local
+training is Table 4's (batch 128, η = 0.1 decayed by 0.99 a round, :attr:`paper_train`)
+unless the run sets its own.
 
 HierFAVG groups by network alone, from round 1: on a site with edges (``covey site
 add-edge``), one group per edge and one of the devices behind none, which is the
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -80,6 +83,10 @@ class FedAvgIC(GroupModelStrategy):
 
     summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Lee et al.)"
     name = "fedavg_ic"
+    # Table 4's defaults (bold): batch 128, η = 0.1, decayed 0.99 a round; one round is
+    # τ1 local steps (max_steps), so ``epochs`` only bounds a client with few batches
+    paper_train = TrainConfig(epochs=1, batch_size=128, lr=0.1, lr_decay=0.99)
+    paper_settings = "FedAvg-IC (Lee et al. 2020) Sec. 6.1 and Table 4: batch 128, η = 0.1, decay 0.99, τ1 = 1, τ2 = 5"
 
     def __init__(
         self,
@@ -112,7 +119,7 @@ class FedAvgIC(GroupModelStrategy):
 
     def _train_config(self) -> TrainConfig:
         t = self.train
-        return TrainConfig(t.epochs, t.batch_size, t.lr, t.mu, self.schedule.tau1)
+        return replace(t, max_steps=self.schedule.tau1)
 
     def _chosen(self, rnd: int) -> list[str]:
         if self.all_clients:
@@ -185,9 +192,12 @@ class FedAvgIC(GroupModelStrategy):
         chosen = self._chosen(rnd)
         if not self.assignment and (rnd > 1 or self.alpha_iid == 0):
             self._group(ctx)  # the IID cost needs round 1's updates; the network alone does not
-        if not self.assignment:  # round 1: ungrouped, one local pass, then global aggregation
+        if not self.assignment:  # round 1: ungrouped, τ1 = τ2 = 1 (Alg. 1 line 1): one step, then global
             return RoundPlan(
-                rnd, (GroupPlan(0, tuple(chosen), "parallel", "global"),), {"global": self.global_weights}, self.train
+                rnd,
+                (GroupPlan(0, tuple(chosen), "parallel", "global"),),
+                {"global": self.global_weights},
+                replace(self.train, max_steps=1),
             )
         if self.first_grouped_round is None:
             self.first_grouped_round = rnd
@@ -235,6 +245,7 @@ class HierFAVG(FedAvgIC):
 
     summary = "HierFAVG: groups by network edge / RTT, τ1/τ2 hierarchy (Liu et al. 2020)"
     name = "hierfavg"
+    paper_settings = "HierFAVG as Lee et al. 2020 evaluate it (FedAvg-IC's Table 4): batch 128, η 0.1, decay 0.99"
 
     def __init__(
         self,

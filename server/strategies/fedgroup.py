@@ -27,6 +27,7 @@ Unlike the public code, clients are scored with their group's *current* model.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -177,7 +178,7 @@ class FedGrouProx(FedGroup):
 
     def __init__(self, mu: float = 0.01, train: TrainConfig | None = None, **kwargs: Any) -> None:
         base = train or type(self).paper_train
-        super().__init__(train=TrainConfig(base.epochs, base.batch_size, base.lr, mu, base.max_steps), **kwargs)
+        super().__init__(train=replace(base, mu=mu), **kwargs)
 
 
 class FlexCFL(FedGroup):

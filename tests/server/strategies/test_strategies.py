@@ -30,6 +30,10 @@ SETTINGS = {
     "fedavg_ic": {"n_groups": 3, "tau1": 20, "tau2": 2},  # 10 rounds: several global aggregations
     "hierfavg": {"n_groups": 3, "tau1": 20, "tau2": 2},
 }
+# FedAvg-IC's round 1 is one SGD step (Alg. 1 line 1), whose updates its grouping reads:
+# with TRAIN's batch of 10 they group poorly (12 % by round 10, against 51 % with the
+# paper's Table 4 training: batch 128, η = 0.1, decay 0.99), so it trains as its paper says
+PAPER_TRAINING = {"fedavg_ic"}
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,8 @@ def test_every_registered_strategy_has_test_settings() -> None:
 def test_strategy_trains_and_improves_accuracy(model, name: str) -> None:
     # Prepare
     fed = synthetic(1, 1, 30, seed=0)
-    sim = Simulation(make_strategy(name, train=TRAIN, **SETTINGS[name]), fed, model, seed=1)
+    train = None if name in PAPER_TRAINING else TRAIN
+    sim = Simulation(make_strategy(name, train=train, **SETTINGS[name]), fed, model, seed=1)
 
     # Execute: 10 rounds. Synthetic's sizes are lognormal, and the default weight cap
     # (server/claims.py) slows FedAvg-IC's first rounds: 29 % at round 8 (39 % without
