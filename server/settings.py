@@ -67,7 +67,8 @@ def resolve_training(name: str, given: Mapping[str, Setting]) -> tuple[TrainConf
     for key, attr in TRAIN_KEYS.items():
         if key in given:
             setting = given[key]
-        elif declared and key != "mu":
+        elif (declared and key not in ("mu", "lr_decay")) or (key == "lr_decay" and paper.lr_decay != 1.0):
+            # a paper that sets no schedule does not set "no decay": covey's default
             setting = Setting(getattr(paper, attr), Source.PAPER, cls.paper_settings)
         else:
             setting = Setting(getattr(paper, attr), Source.DEFAULT, "")

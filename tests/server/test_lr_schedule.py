@@ -13,6 +13,7 @@ import pytest
 from covey.cli import main
 from server.errors import StrategyError
 from server.rounds import RoundDriver
+from server.settings import Source, resolve_training
 from server.strategies import make_strategy
 from server.strategies.base import TrainConfig
 from tests.covey.test_cli_mistakes import assert_one_line_error, covey
@@ -71,3 +72,12 @@ def test_the_schedule_is_recorded_with_where_it_came_from(tmp_path: Path) -> Non
     assert settings["fedavg_ic"]["train.lr_decay"]["source"] == "paper"
     assert settings["fedavg_ic"]["train.batch"]["value"] == 128
     assert settings["fedavg"]["train.lr_decay"] == {"value": 0.9, "source": "flag", "detail": "command line"}
+
+
+def test_a_paper_without_a_schedule_leaves_the_decay_at_covey_s_default() -> None:
+    # FedGSP's paper sets its training but no schedule; FedAvg-IC's Table 4 sets 0.99
+    _, fedgsp = resolve_training("fedgsp", {})
+    _, fedavg_ic = resolve_training("fedavg_ic", {})
+    assert (fedgsp["train.lr_decay"].value, fedgsp["train.lr_decay"].source) == (1.0, Source.DEFAULT)
+    assert fedgsp["train.batch"].source == Source.PAPER
+    assert (fedavg_ic["train.lr_decay"].value, fedavg_ic["train.lr_decay"].source) == (0.99, Source.PAPER)
