@@ -154,3 +154,19 @@ def test_fedavg_i_on_30_femnist_writers_does_not_collapse_and_the_papers_assignm
     assert paper[0] > 15 and paper_share == pytest.approx(paper[0] / 30)
     assert "fedavg_ic's grouping degenerated: its largest group holds" in caplog.text
     assert "assignment 'paper'" in caplog.text
+
+
+@pytest.mark.parametrize("cls", [FedAvgIC, HierFAVG])
+def test_training_defaults_to_table_4_and_fedavg_ics_round_1_is_one_step(cls: type[FedAvgIC]) -> None:
+    # Prepare: no training given: the paper's (Table 4: batch 128, η = 0.1, decay 0.99)
+    strategy = cls(n_groups=2)
+    _setup(strategy)
+
+    # Execute: round 1's plan
+    plan, _ = play_round(strategy, 1, FakeContext(COUNTS, distance=_sites()), _trained)
+
+    # Assert: Table 4's training; round 1 one SGD step (Alg. 1 line 1: τ1 = τ2 = 1, for
+    # FedAvg-IC's ungrouped start and HierFAVG's grouped first round alike)
+    t = strategy.train
+    assert (t.batch_size, t.lr, t.lr_decay) == (128, 0.1, 0.99)
+    assert plan.train.max_steps == 1 and plan.train.batch_size == 128
