@@ -22,7 +22,9 @@ def test_devices_in_shared_processes_train_through_their_edges(tmp_path: Path) -
     # Assert
     assert figures.trained_per_round == [12, 12]
     assert figures.groups_at_edges == 4  # one group per edge and round
-    assert len(figures.edge_cpu_s_per_round) == 2 and all(c > 0 for c in figures.edge_cpu_s_per_round)
+    # /proc counts CPU in 10 ms ticks: an edge that hosts one small group a round can
+    # spend less than a tick in two rounds (CI read 0.0 once), so only the reading is checked
+    assert len(figures.edge_cpu_s_per_round) == 2 and all(c >= 0 for c in figures.edge_cpu_s_per_round)
     assert figures.coordinator_cpu_s_per_round > 0 and figures.coordinator_rss_mb > 0
     said = "".join(p.read_text() for p in tmp_path.glob("swarm-*.log"))
     assert said.count("agents ran, 3 of them trained (6 tasks)") == 4, said
