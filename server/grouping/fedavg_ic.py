@@ -144,6 +144,7 @@ def fedavg_ic_groups(
     random_state: RandomState = None,
     gram: np.ndarray | None = None,
     assignment: ICAssignment = "descent",
+    restarts: int = 1,
 ) -> ICResult:
     """NODE_GROUPING of FedAvg-IC Alg. 1 (lines 16-22).
 
@@ -161,6 +162,15 @@ def fedavg_ic_groups(
     random_state: seed or generator for the medoids and the reassignment order.
     gram: optional precomputed Gram matrix of ``gradients``.
     assignment: how nodes are (re)assigned (module docstring).
+    restarts: independent runs of lines 17-21 from new random starts (``"paper"`` and
+        ``"balanced"``), keeping the lowest combined cost (Eq. 12, with the first run's
+        normalisers). Alg. 1 runs once; k-medoids' usual remedy for a start whose
+        medoids share a site (PAM's restarts, scikit-learn's ``n_init``).
+
+    Returns
+    -------
+    ICResult
+        Labels, medoids, iterations and the final combined cost (of the kept run).
     """
     dist = check_square(distance, "distance matrix", symmetric=True, non_negative=True)
     n_nodes = len(dist)
@@ -180,8 +190,17 @@ def fedavg_ic_groups(
     if assignment not in ASSIGNMENTS:
         raise GroupingError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
     rng = as_generator(random_state)
+    if restarts < 1:
+        raise GroupingError(f"restarts must be at least 1, got {restarts!r}")
     if assignment != "descent":
-        return _simultaneous(gram, n, dist, k, alpha_iid, alpha_comm, max_iter, rng, balanced=assignment == "balanced")
+        norms: dict[str, float] = {}
+        runs = [
+            _simultaneous(
+                gram, n, dist, k, alpha_iid, alpha_comm, max_iter, rng, balanced=assignment == "balanced", norms=norms
+            )
+            for _ in range(restarts)
+        ]
+        return min(runs, key=lambda r: r.cost)  # the first of equal costs
     medoids = rng.choice(n_nodes, size=k, replace=False)
     labels = np.argmin(dist[:, medoids], axis=1)
     labels[medoids] = np.arange(k)
@@ -256,9 +275,11 @@ def _simultaneous(
     rng: np.random.Generator,
     *,
     balanced: bool,
+    norms: dict[str, float],
 ) -> ICResult:
     """Alg. 1 lines 1 and 17-21 with every node moved at once; ``balanced``: each
-    group ``floor(n / K)`` or ``ceil(n / K)`` nodes (module docstring)."""
+    group ``floor(n / K)`` or ``ceil(n / K)`` nodes (module docstring). ``norms``: the
+    normalisers of Eq. (12), filled by the first run and kept by restarts."""
     n_nodes = len(dist)
     if balanced:  # line 1's random membership, as even as the cap asks
         labels = np.empty(n_nodes, np.int64)
@@ -269,9 +290,11 @@ def _simultaneous(
         medoids = rng.choice(n_nodes, size=k, replace=False)  # line 17
         labels[medoids] = np.arange(k)
     update_iid = _iid_update_cost(gram, n)
-    first_iid = _iid_assign_cost(gram, n, labels, k)
-    c_iid, c_comm = float(np.mean(first_iid)) or 1.0, float(np.mean(dist[:, medoids])) or 1.0  # footnote 2
-    c_u: dict[str, float] = {}
+    # footnote 2: each part normalised by its first value; a restart keeps the first
+    # run's normalisers, so the runs' final costs compare
+    c_iid = norms.setdefault("A_iid", float(np.mean(_iid_assign_cost(gram, n, labels, k))) or 1.0)
+    c_comm = norms.setdefault("A_comm", float(np.mean(dist[:, medoids])) or 1.0)
+    c_u = norms
 
     def assign_cost(current: np.ndarray, meds: np.ndarray) -> np.ndarray:  # Eq. (10), (12)
         return alpha_iid * _iid_assign_cost(gram, n, current, k) / c_iid + alpha_comm * dist[:, meds] / c_comm
@@ -300,9 +323,9 @@ def _simultaneous(
             if not len(members):
                 continue
             comm = dist[np.ix_(members, members)].sum(1)
-            c_u.setdefault("iid", float(np.mean(update_iid)) or 1.0)
-            c_u.setdefault("comm", float(np.mean(comm)) or 1.0)
-            u = alpha_iid * update_iid[members] / c_u["iid"] + alpha_comm * comm / c_u["comm"]
+            c_u.setdefault("U_iid", float(np.mean(update_iid)) or 1.0)
+            c_u.setdefault("U_comm", float(np.mean(comm)) or 1.0)
+            u = alpha_iid * update_iid[members] / c_u["U_iid"] + alpha_comm * comm / c_u["U_comm"]
             new[g] = members[np.argmin(u)]
         return new
 

@@ -59,6 +59,7 @@ from server.strategies.clustered import GroupModelStrategy
 
 log = logging.getLogger("covey.server")
 DEGENERATE_SHARE = 0.5  # a grouping whose largest group holds more of the devices is reported
+BALANCED_RESTARTS = 10  # NODE_GROUPING runs of the balanced variant (FedAvgIC's ``restarts``)
 
 
 class FedAvgIC(GroupModelStrategy):
@@ -79,6 +80,12 @@ class FedAvgIC(GroupModelStrategy):
         and the descent's groups can collapse into one big group and singletons; a
         grouping whose largest group holds over :data:`DEGENERATE_SHARE` of the nodes is
         logged as a warning and recorded (``largest_group_share`` in the round's summary).
+    restarts: runs of NODE_GROUPING from independent random starts, keeping the one of
+        lowest combined cost (:func:`~server.grouping.fedavg_ic.fedavg_ic_groups`).
+        ``None`` (default): 1 for ``"paper"`` (Alg. 1 runs once) and
+        :data:`BALANCED_RESTARTS` for ``"balanced"``: with one steady step, a start whose
+        medoids share a site splits two sites between two groups and cannot leave that
+        (three rooms of four boards: rooms a and b mixed, 2 of 2 field runs).
     """
 
     summary = "FedAvg-IC: k-medoids on IID + communication cost, τ1/τ2 hierarchy (Lee et al.)"
@@ -99,10 +106,16 @@ class FedAvgIC(GroupModelStrategy):
         alpha_comm: float = 1.0,
         max_steady_steps: int = 1,
         assignment: ICAssignment = "balanced",
+        restarts: int | None = None,
     ) -> None:
         super().__init__(n_groups, clients_per_round or 1, train, "none")
         if assignment not in ASSIGNMENTS:
             raise StrategyError(f"assignment must be one of {', '.join(ASSIGNMENTS)}, got {assignment!r}")
+        if restarts is not None and (isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 1):
+            raise StrategyError(f"restarts must be a positive integer, got {restarts!r}")
+        if restarts is not None and restarts > 1 and assignment == "descent":
+            raise StrategyError("restarts apply to assignment 'paper' or 'balanced', not 'descent'")
+        self.restarts = restarts if restarts is not None else (BALANCED_RESTARTS if assignment == "balanced" else 1)
         self.assignment_rule: ICAssignment = assignment
         self.grouping_share: float | None = None  # the largest group's share, once grouped
         if isinstance(max_steady_steps, bool) or not isinstance(max_steady_steps, int) or max_steady_steps < 1:
@@ -162,6 +175,7 @@ class FedAvgIC(GroupModelStrategy):
             max_iter=self.max_steady_steps,
             random_state=self.rng,
             assignment=self.assignment_rule,
+            restarts=self.restarts,
         )
         self._set_groups(ids, res.labels)
         share = largest_group_share(res.labels)

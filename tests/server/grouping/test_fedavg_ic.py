@@ -126,3 +126,39 @@ def test_balanced_groups_are_within_one_node_of_equal_size_and_keep_their_medoid
 def test_an_unknown_assignment_is_refused() -> None:
     with pytest.raises(GroupingError, match="assignment must be one of paper, descent, balanced"):
         fedavg_ic_groups(np.zeros((4, 2), np.float32), np.ones(4), np.zeros((4, 4)), 2, assignment="pam")  # type: ignore[arg-type]
+
+
+def three_rooms() -> tuple[np.ndarray, np.ndarray]:
+    """Three rooms of four nodes: 13 ms within a room, 218 ms across (the pair RTTs a
+    2-round field run of examples/topologies/three-rooms.toml measured)."""
+    room = np.repeat(np.arange(3), 4)
+    dist = np.where(room[:, None] == room[None, :], 13.0, 218.0)
+    np.fill_diagonal(dist, 0.0)
+    return room, dist
+
+
+def test_restarts_keep_a_start_whose_medoids_share_a_room_from_mixing_two_rooms() -> None:
+    """One balanced run with one steady step (the paper's) mixes two rooms when two of
+    its random medoids sit in one room (the bench's field: a and b mixed); the best of
+    ten restarts groups by room."""
+    room, dist = three_rooms()
+
+    def mixed_seeds(restarts: int) -> int:
+        mixed = 0
+        for seed in range(20):
+            gradients = np.random.default_rng(100 + seed).normal(size=(12, 50))
+            n = np.random.default_rng(seed).integers(50, 300, 12).astype(float)
+            res = fedavg_ic_groups(
+                gradients, n, dist, 3, max_iter=1, random_state=seed, assignment="balanced", restarts=restarts
+            )
+            mixed += adjusted_rand_score(room, res.labels) < 1.0
+        return mixed
+
+    assert mixed_seeds(1) >= 3
+    assert mixed_seeds(10) == 0
+
+
+def test_restarts_must_be_positive() -> None:
+    _, dist = three_rooms()
+    with pytest.raises(GroupingError, match="restarts must be at least 1"):
+        fedavg_ic_groups(np.ones((12, 3)), np.ones(12), dist, 3, assignment="balanced", restarts=0)

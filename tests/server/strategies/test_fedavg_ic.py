@@ -170,3 +170,16 @@ def test_training_defaults_to_table_4_and_fedavg_ics_round_1_is_one_step(cls: ty
     t = strategy.train
     assert (t.batch_size, t.lr, t.lr_decay) == (128, 0.1, 0.99)
     assert plan.train.max_steps == 1 and plan.train.batch_size == 128
+
+
+def test_the_balanced_grouping_restarts_and_the_papers_runs_once() -> None:
+    from server.errors import StrategyError
+    from server.strategies.fedavg_ic import BALANCED_RESTARTS, FedAvgIC
+
+    assert FedAvgIC().restarts == BALANCED_RESTARTS > 1
+    assert FedAvgIC(assignment="paper").restarts == 1
+    assert FedAvgIC(assignment="paper", restarts=4).restarts == 4
+    with pytest.raises(StrategyError, match="not 'descent'"):
+        FedAvgIC(assignment="descent", restarts=3)
+    with pytest.raises(StrategyError, match="restarts must be a positive integer"):
+        FedAvgIC(restarts=0)
