@@ -81,6 +81,24 @@ def test_pathological_partition_gives_k_classes_per_client(k: int) -> None:
     assert all(len(np.unique(y[p])) == k for p in parts)
 
 
+def test_shards_deal_random_label_pairs_as_mcmahan_et_al() -> None:
+    """The pathological split's two classes of ten give five distinct pairs (issue 29);
+    McMahan et al.'s shards give clients random pairs, at most two labels each."""
+    y = np.repeat(np.arange(10), 100)
+    pathological = partition(y, 50, "pathological", classes_per_client=2, seed=0)
+    shards = partition(y, 50, "shards", classes_per_client=2, seed=0)
+
+    def pairs(parts):  # type: ignore[no-untyped-def]
+        return {tuple(np.unique(y[p])) for p in parts}
+
+    assert len(pairs(pathological)) == 5
+    assert len(pairs(shards)) >= 20
+    assert sorted(np.concatenate(shards).tolist()) == list(range(1000))  # every sample, once
+    assert [len(p) for p in shards] == [20] * 50 and all(len(np.unique(y[p])) <= 2 for p in shards)
+    with pytest.raises(ConfigError, match="cannot cut 1000 samples into 2 shards for each of 600 clients"):
+        partition(y, 600, "shards")
+
+
 def test_dirichlet_and_iid_partitions() -> None:
     y = np.repeat(np.arange(10), 200)
     iid = partition(y, 10, "iid", seed=0)
