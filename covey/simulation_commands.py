@@ -15,6 +15,7 @@ import numpy as np
 
 from covey.learning_flags import FLAG_DETAIL, add_learning_flags, from_preset_and_file, learning_overrides
 from device.errors import ConfigError, CoveyError
+from server.simulation.channel import CHANNELS
 from server.simulation.threads import WORKER_KINDS
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ def _simulation_config(args: argparse.Namespace, strategy: str | None = None) ->
         dataset_params=dataset_params or None,
         topology=args.topology,
         link_grouping=False if args.no_link_grouping else None,
+        channel=args.channel,
         **learning_overrides(args),
     )
 
@@ -171,6 +173,17 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_presets(args: argparse.Namespace) -> int:
     from server.simulation.presets import PRESETS
 
+    if args.check:
+        from server.simulation.preset_check import check_presets
+
+        unlisted = check_presets()
+        for u in unlisted:
+            print(u)
+        if unlisted:
+            print(f"{len(unlisted)} departure(s) from the papers are not listed in their presets")
+            return 1
+        print(f"every preset ({len(PRESETS)}) lists each of its runs' departures from its paper")
+        return 0
     for p in PRESETS.values():
         print(p.describe())
         print()
@@ -230,6 +243,12 @@ def _add_simulation_flags(p: argparse.ArgumentParser) -> None:
         help="with --topology: strategies do not get its matrices (DSC, FedAvg-IC group on data alone); "
         "the links still time each round",
     )
+    p.add_argument(
+        "--channel",
+        choices=CHANNELS,
+        help="with --topology: 'awgn' corrupts every update on its way in with noise of power signal / SNR "
+        "over the topology's links (DSC's channel model, docs/links.md); default none",
+    )
     p.add_argument("--out", default="runs", help="output folder (default: runs)")
 
 
@@ -248,4 +267,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.set_defaults(func=_cmd_compare)
 
     p = sub.add_parser("presets", help="list each paper's setting that `simulate --preset` reproduces")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="check that every setting a preset's runs take from covey or the authors' code is a listed "
+        "departure (exit 1 if not)",
+    )
     p.set_defaults(func=_cmd_presets)

@@ -54,6 +54,10 @@ class Manifest:
     # initial weights, so weights must be set before anything reads them
     initial_weights: bool = True
 
+    def tensor_sizes(self) -> tuple[int, ...]:
+        """The tensors' sizes in the order they sit in the flat weight vector."""
+        return tuple(t.size for t in sorted(self.tensors, key=lambda t: t.offset))
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": MANIFEST_FORMAT,

@@ -144,9 +144,17 @@ class RoundDriver:
         self.context: RoundContext = _Context(self)
         self.model_bytes = 0
 
-    def setup(self, initial_weights: np.ndarray) -> None:
-        """Give the strategy its clients, the initial model and the run's generator."""
+    def setup(self, initial_weights: np.ndarray, tensor_sizes: Sequence[int] = ()) -> None:
+        """Give the strategy its clients, the initial model and the run's generator.
+
+        Parameters
+        ----------
+        initial_weights : the model's flat float32 weights.
+        tensor_sizes : the sizes of the model's tensors in that vector, in order (the
+            manifest's layout); strategies that draw fresh models per tensor use it.
+        """
         self.model_bytes = int(np.asarray(initial_weights, np.float32).nbytes)
+        self.strategy.tensor_sizes = tuple(int(s) for s in tensor_sizes)
         self.strategy.setup(self.clients(), initial_weights, np.random.default_rng(self.seed))
         self._configure_strategy()
 

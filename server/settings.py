@@ -3,9 +3,10 @@
 A method's paper fixes its local training (FedGSP: batch 5, one epoch; FlexCFL: ten
 epochs of batch 10; ...). covey keeps those values unless the user sets one, and a
 run's result file lists every effective setting with its :class:`Source`: the
-method's paper, covey's own default (where the paper is silent), a preset, a config
-file or a command-line flag. Later sources win: default < paper < preset < config
-file < flag.
+method's paper, its authors' public code (where the paper is silent and the code
+is not), covey's own default (where both are silent), a preset, a config file or a
+command-line flag. Later sources win: default < authors' code < paper < preset <
+config file < flag.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ if TYPE_CHECKING:  # the strategies (and their scientific libraries) load only w
 
 class Source(str, Enum):
     DEFAULT = "covey default"
+    CODE = "authors' code"  # a value the paper does not state, taken from its authors' public code
     PAPER = "paper"
     PRESET = "preset"
     CONFIG = "config file"
@@ -121,9 +123,10 @@ def _check_fits_float(name: str, value: Any) -> None:
 def resolve_strategy_params(name: str, given: Mapping[str, Setting]) -> tuple[dict[str, Any], dict[str, Setting]]:
     """Constructor parameters of strategy ``name``: the user's over the class defaults.
 
-    A default counts as the paper's when the class names it in ``paper_params``.
-    Returns the parameters to pass and one :class:`Setting` per parameter
-    (``strategy.<name>``).
+        A default counts as the paper's when the class names it in ``paper_params``, and as
+    the authors' public code's when it names it in ``code_params``.
+        Returns the parameters to pass and one :class:`Setting` per parameter
+        (``strategy.<name>``).
     """
     from server.strategies import strategy_parameters
 
@@ -140,8 +143,10 @@ def resolve_strategy_params(name: str, given: Mapping[str, Setting]) -> tuple[di
         if key in given:
             out[f"strategy.{key}"] = given[key]
         elif key in defaults:
-            source = Source.PAPER if key in cls.paper_params else Source.DEFAULT
-            out[f"strategy.{key}"] = Setting(
-                defaults[key], source, cls.paper_settings if source is Source.PAPER else ""
-            )
+            if key in cls.paper_params:
+                out[f"strategy.{key}"] = Setting(defaults[key], Source.PAPER, cls.paper_settings)
+            elif key in cls.code_params:
+                out[f"strategy.{key}"] = Setting(defaults[key], Source.CODE, cls.code_settings)
+            else:
+                out[f"strategy.{key}"] = Setting(defaults[key], Source.DEFAULT, "")
     return {k: s.value for k, s in given.items()}, out

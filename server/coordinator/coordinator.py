@@ -281,7 +281,7 @@ class Coordinator:
 
     # -- rounds ---------------------------------------------------------------------------
     def setup_strategy(self) -> None:
-        self.driver.setup(self.model.get_weights())
+        self.driver.setup(self.model.get_weights(), self.manifest.tensor_sizes())
         self._started = True
 
     def step(self) -> RoundRecord:

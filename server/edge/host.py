@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,18 +47,17 @@ from device.protocol import (
 )
 from device.protocol.codecs import ErrorFeedback
 from device.transport import Link, LinkFactory
-from server.aggregation.dsc_weights import angle_weights
-from server.aggregation.fedavg import weighted_average
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
 from server.edge.proxy import HELD_MODELS, edge_topics, edge_user, model_key
 from server.edge.state import EdgeState
 from server.edge.uplink import Upload, encode_upload
+from server.execution.group_model import group_model
 from server.execution.manager import GroupManager
 from server.execution.ports import PolledBus
 from server.execution.round import ExecutionSettings, RoundExecution
 from server.execution.shared import SharedModels
 from server.hops import HopBound
-from server.strategies.base import GroupPlan, GroupResult, GroupRule, TrainConfig
+from server.strategies.base import GroupPlan, TrainConfig
 
 log = logging.getLogger("covey.edge")
 REPORTS_KEPT = 64  # finished tasks whose report a repeated task gets again
@@ -434,40 +433,3 @@ def board_list(devices: Iterable[str], shown: int = 6) -> str:
     if len(ordered) <= shown:
         return ", ".join(ordered)
     return f"{len(ordered)} boards ({ordered[0]} ... {ordered[-1]})"
-
-
-def group_model(
-    result: GroupResult, rule: GroupRule = "sample_mean", start: np.ndarray | None = None
-) -> np.ndarray | None:
-    """The one model a group sends up: a chain's last, or the parallel members' models
-    aggregated by ``rule``: their sample-weighted mean (FedAvg-IC Eq. 5's group
-    aggregation), or ``start`` plus DSC's angle-weighted update (Sun et al. Eq. 2 with
-    Eq. 4's weights, as :class:`~server.strategies.dsc.DSC` aggregates a group). None if
-    no member returned a model.
-
-    Parameters
-    ----------
-    result : the group's result at the edge.
-    rule : how the members' models become one (:data:`~server.strategies.base.GroupRule`).
-    start : the group's start model (``dsc_angle`` needs it: the updates are taken from it).
-
-    Returns
-    -------
-    np.ndarray or None
-        float32, the shape of the members' models.
-    """
-    if result.final_weights is not None:
-        return np.asarray(result.final_weights, np.float32)
-    returned: Sequence[tuple[np.ndarray, int]] = [
-        (m.weights, m.n_samples) for m in result.members if m.weights is not None and m.n_samples > 0
-    ]
-    if not returned:
-        return None
-    if rule == "dsc_angle":
-        if start is None:
-            raise ValueError("the dsc_angle rule needs the group's start model")
-        w = np.asarray(start, np.float64)
-        updates = np.stack([m for m, _ in returned]).astype(np.float64) - w
-        weights = angle_weights(-updates, np.array([n for _, n in returned]))
-        return (w + weights @ updates).astype(np.float32)
-    return weighted_average([w for w, _ in returned], [n for _, n in returned])

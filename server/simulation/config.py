@@ -50,6 +50,7 @@ from typing import Any
 from device.errors import ConfigError
 from server.run_config import RunConfig, is_int, is_number, shown
 from server.settings import Source
+from server.simulation.channel import CHANNELS
 from server.simulation.threads import WORKER_KINDS, WorkerKind, default_workers
 
 if sys.version_info >= (3, 11):
@@ -113,6 +114,7 @@ class SimulationConfig(RunConfig):
     shift_mode: str = "all"
     topology: str | None = None  # a topology TOML (server/simulation/topology.py); None: no links
     link_grouping: bool = True  # strategies get the topology's matrices (False: they time the rounds only)
+    channel: str = "none"  # "awgn": the topology's Γ corrupts updates on their way (server/simulation/channel.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -125,6 +127,10 @@ class SimulationConfig(RunConfig):
             raise ConfigError(f"link_grouping must be true or false, got {shown(self.link_grouping)}")
         if not self.link_grouping and self.topology is None:
             raise ConfigError("link_grouping = false (--no-link-grouping) needs a topology (--topology FILE) to time")
+        if self.channel not in CHANNELS:
+            raise ConfigError(f"channel must be one of {', '.join(CHANNELS)}, got {shown(self.channel)}")
+        if self.channel != "none" and self.topology is None:
+            raise ConfigError(f"channel = {self.channel} (--channel) needs a topology (--topology FILE) for its SNRs")
         if self.worker_kind not in WORKER_KINDS:
             raise ConfigError(f"worker_kind must be one of {', '.join(WORKER_KINDS)}, got {shown(self.worker_kind)}")
         if self.shift_mode not in SHIFT_MODES:
@@ -193,6 +199,7 @@ def load_config(path: Path | str, base: SimulationConfig | None = None) -> Simul
         "clients_per_round",
         "topology",
         "link_grouping",
+        "channel",
         "codec",
         "federated_eval_every",
     ):

@@ -48,6 +48,7 @@ from server.execution.shared import SharedModels
 from server.hops import HopBound
 from server.rounds import DEFAULT_SCREENING, RoundDriver
 from server.screening import ScreeningConfig
+from server.simulation.channel import NoisyUplinks
 from server.simulation.datasets import ClientData, Federation, SwapShift
 from server.simulation.faults import Faults
 from server.simulation.pool import SharedPool, balance
@@ -108,6 +109,8 @@ class VirtualDevices:
         ``relay``, ``mixed``; :mod:`server.execution.round`).
     edges : a site's edges (name -> devices behind it), offered to strategies as on
         boards (HierFAVG groups by them); every group still runs in this process.
+    channel : noisy uplinks that corrupt the updates on their way in
+        (:mod:`server.simulation.channel`); ``None``: a noiseless network.
     """
 
     def __init__(
@@ -125,7 +128,9 @@ class VirtualDevices:
         codec: WireCodec = "fp32",
         handoff: Handoff = "auto",
         edges: Mapping[str, Sequence[str]] | None = None,
+        channel: NoisyUplinks | None = None,
     ) -> None:
+        self.channel = channel
         self._site_edges = {d: name for name, devices in (edges or {}).items() for d in devices}
         if worker_kind not in WORKER_KINDS:
             raise ValueError(f"worker_kind must be one of {WORKER_KINDS}, got {worker_kind!r}")
@@ -208,6 +213,8 @@ class VirtualDevices:
         base_of = self.downlinks.base_of if self.downlinks is not None else None
         try:
             results = self.execution.run(plan, seed, hop)
+            if self.channel is not None:  # the updates cross noisy links on their way in
+                results = self.channel.apply(plan, results)
         finally:  # the acknowledgement: devices forget their outputs (and nothing stale is left)
             self.bus.end_round(self.execution.task_ids(), base_of)
         self.seen.update(plan.participants)
@@ -301,6 +308,7 @@ class Simulation:
     codec : how models travel (see :class:`VirtualDevices`).
     handoff : chain hand-offs (see :class:`VirtualDevices`).
     edges : a site's edges (see :class:`VirtualDevices`).
+    channel : noisy uplinks (see :class:`VirtualDevices`).
     """
 
     def __init__(
@@ -325,6 +333,7 @@ class Simulation:
         codec: WireCodec = "fp32",
         handoff: Handoff = "auto",
         edges: Mapping[str, Sequence[str]] | None = None,
+        channel: NoisyUplinks | None = None,
     ) -> None:
         self.strategy = strategy
         self.devices = VirtualDevices(
@@ -340,6 +349,7 @@ class Simulation:
             codec=codec,
             handoff=handoff,
             edges=edges,
+            channel=channel,
         )
         self.driver = RoundDriver(
             strategy,
@@ -352,7 +362,7 @@ class Simulation:
             server_eval=server_eval,
             reference=reference,  # with screening off too: the guard's bound needs a scale
         )
-        self.driver.setup(self.devices.initial_weights())
+        self.driver.setup(self.devices.initial_weights(), self.devices.local.model.manifest.tensor_sizes())
 
     @property
     def records(self) -> list[RoundRecord]:

@@ -84,6 +84,7 @@ def prepare(cfg: SimulationConfig) -> PreparedRun:
         "shift_mode": cfg.setting("shift_mode", cfg.shift_mode),
         "topology": cfg.setting("topology", cfg.topology or "none"),
         "link_grouping": cfg.setting("link_grouping", cfg.link_grouping),
+        "channel": cfg.setting("channel", cfg.channel),
         **{f"dataset.{k}": s for k, s in cfg.given("dataset").items()},
         **resolved.settings,
     }
@@ -136,7 +137,7 @@ def run_simulation(
     check_clients(run, fed)
     shift = datasets.SwapShift(c.shift_probability, c.shift_mode) if c.shift_probability > 0 else None
     start = time.perf_counter()
-    snr = distance = cost = links = None
+    snr = distance = cost = links = channel = None
     if c.topology is not None:
         from server.simulation.topology import TopologyCostModel, link_matrices, load_topology
 
@@ -146,6 +147,11 @@ def run_simulation(
         if c.link_grouping:  # else the strategies group on data alone; the links still time the rounds
             snr, distance = matrices.snr_db, matrices.rtt_ms
         cost = TopologyCostModel(topology=topology, site=topology.site_of(list(fed)))
+        if c.channel == "awgn" and matrices.snr_db is not None:
+            from server.simulation.channel import CHANNEL_STREAM, NoisyUplinks
+
+            rng = np.random.default_rng([int(c.seed), CHANNEL_STREAM])
+            channel = NoisyUplinks(matrices.ids, matrices.snr_db, rng)
     sim = Simulation(
         strategy,
         fed,
@@ -160,6 +166,7 @@ def run_simulation(
         cost_model=cost,
         codec=c.codec,  # type: ignore[arg-type]  # checked by SimulationConfig
         federated_eval_every=c.federated_eval_every,
+        channel=channel,
     )
     records = sim.run(c.rounds, progress)
     return RunResult(c.strategy, c, records, time.perf_counter() - start, run.settings, links)

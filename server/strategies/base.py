@@ -255,8 +255,9 @@ class Strategy(ABC):
     Class attributes: ``name`` (the registry key), ``summary`` (one line for
     ``covey strategies``), ``paper_train`` (local training as the method's paper sets
     it; it holds unless the user sets a value), ``paper_settings`` (where those
-    values come from) and ``paper_params`` (which constructor defaults are the
-    paper's own, as opposed to covey's).
+    values come from), ``paper_params`` (which constructor defaults are the
+    paper's own, as opposed to covey's) and ``code_params`` (defaults the paper does
+    not state, taken from its authors' public code; ``code_settings`` says where).
     """
 
     name: ClassVar[str] = "strategy"
@@ -268,9 +269,14 @@ class Strategy(ABC):
     # settings): the sample-weighted mean, or a robust rule (server/aggregation/robust.py)
     aggregation: AggregationRule = "mean"
     trim: float = 0.2
+    # the sizes of the model's tensors in the flat weight vector, in order (set by the
+    # round driver from the model's manifest before setup; empty: not known)
+    tensor_sizes: tuple[int, ...] = ()
     paper_train: ClassVar[TrainConfig] = TrainConfig()
     paper_settings: ClassVar[str] = ""
     paper_params: ClassVar[frozenset[str]] = frozenset()
+    code_params: ClassVar[frozenset[str]] = frozenset()
+    code_settings: ClassVar[str] = ""
 
     def __init__(self, train: TrainConfig | None = None) -> None:
         self.train = train or type(self).paper_train

@@ -5,13 +5,22 @@ size (Eq. 3).
 Groups are formed once, at the first round, from the SNR matrix the context reports
 (without one — e.g. in a simulation with no radio model — every client is in one
 primary group, which is the letter's "Setting 2", data-based clustering only). Every
-round the selected clients train in parallel from the global model; a client's
-gradient is taken as its update direction ``-(w_k - w)``.
+round the clients train in parallel from the global model; a client's gradient is
+taken as its update direction ``-(w_k - w)``.
+
+Training is the letter's by default (Sec. IV-A, :attr:`DSC.paper_train`): every client
+every round (Alg. 1 aggregates all K), one gradient step on a mini-batch (Eq. 5's
+``w - λ ∇F``: a client's one SGD step at rate λ sends ``-λ ∇F_k``, and the weighted
+sum of those is Eq. 5's step), λ = 0.06 (MNIST; 0.05 for Fashion-MNIST). The letter's
+batch is "0.1" of a client's 400-800 samples; covey's batch is a count, 60. Its
+noisy uplinks (Sec. II-B) are the simulator's ``--channel awgn``
+(:mod:`server.simulation.channel`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,18 +41,45 @@ from server.strategies.clustered import GroupModelStrategy
 
 
 class DSC(GroupModelStrategy):
+    """DSC-FL (module docstring).
+
+    Parameters
+    ----------
+    clients_per_round : clients sampled per round; ``None`` (default): every client,
+        as Alg. 1 aggregates all.
+    train : local training (the letter's by default).
+    snr_similarity : how Γ's rows become the primary segment's similarity
+        (:func:`~server.grouping.dsc.snr_similarity_matrix`).
+    warmup : client sampling warm-up, with ``clients_per_round``.
+    local_steps : mini-batch steps a round (1: Eq. 5's one gradient step; ``None``: the
+        run's epochs).
+    """
+
     summary = "DSC: affinity propagation on SNR then labels; angle-weighted aggregation (Sun et al.)"
     name = "dsc"
+    paper_train = TrainConfig(epochs=1, batch_size=60, lr=0.06)
+    paper_settings = "DSC (Sun et al. 2023) Sec. IV-A: all clients, one gradient step (Eq. 5), λ = 0.06 (MNIST)"
+    paper_params = frozenset({"clients_per_round", "local_steps"})
 
     def __init__(
         self,
-        clients_per_round: int = 20,
+        clients_per_round: int | None = None,
         train: TrainConfig | None = None,
         snr_similarity: str = "profile",
         warmup: str = "none",
+        local_steps: int | None = 1,
     ) -> None:
-        super().__init__(0, clients_per_round, train, warmup)
+        if local_steps is not None and (
+            isinstance(local_steps, bool) or not isinstance(local_steps, int) or local_steps < 1
+        ):
+            raise StrategyError(f"local_steps must be a positive integer or None, got {local_steps!r}")
+        super().__init__(0, clients_per_round or 1, train, warmup)
+        self.all_clients = clients_per_round is None
         self.snr_similarity = snr_similarity
+        self.local_steps = local_steps
+
+    def min_clients(self) -> int:
+        return 1 if self.all_clients else self.sampler.k
 
     def _form_groups(self, ctx: RoundContext) -> None:
         ids = sorted(self.clients)
@@ -64,7 +100,10 @@ class DSC(GroupModelStrategy):
         assert self.global_weights is not None
         if not self.assignment:
             self._form_groups(ctx)
-        chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
+        if self.all_clients:
+            chosen = self.candidates()
+        else:
+            chosen = self.sampler.select(rnd, self.candidates(), self.rng, at_most=bool(self.unavailable))
         by_group: dict[int, list[str]] = {}
         for c in chosen:
             by_group.setdefault(self.assignment[c], []).append(c)
@@ -74,7 +113,8 @@ class DSC(GroupModelStrategy):
             GroupPlan(g, tuple(m), "parallel", "global", mean_only=True, group_rule="dsc_angle")
             for g, m in sorted(by_group.items())
         )
-        return RoundPlan(rnd, plans, {"global": self.global_weights}, self.train)
+        train = self.train if self.local_steps is None else replace(self.train, max_steps=self.local_steps)
+        return RoundPlan(rnd, plans, {"global": self.global_weights}, train)
 
     def model_for(self, client_id: str) -> np.ndarray:
         assert self.global_weights is not None

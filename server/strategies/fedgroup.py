@@ -68,8 +68,12 @@ class FedGroup(GroupModelStrategy):
     summary = "FedGroup: EDC cold start, per-group FedAvg, newcomer assignment (Duan et al. 2021)"
     name = "fedgroup"
     paper_train = TrainConfig(epochs=20, batch_size=10, lr=0.01)
-    paper_settings = "FedGroup (Duan et al. 2021) Sec. V: E = 20, B = 10, K = 20, α = 20, η 0.01 (Synthetic)"
-    paper_params = frozenset({"clients_per_round", "alpha", "pretrain_steps", "eta_g"})
+    paper_settings = "FedGroup (Duan et al. 2021) Sec. IV-A: E = 20, B = 10, K = 20, α = 20, η 0.01 (Synthetic)"
+    paper_params = frozenset({"clients_per_round", "alpha", "eta_g", "measure"})
+    # the papers say only that pre-training "does not occupy a whole round" (FedGroup
+    # Sec. III, FlexCFL Sec. 3.3); the steps and the convex η_g form are the public code's
+    code_params = frozenset({"pretrain_steps", "eta_g_form"})
+    code_settings = "the authors' public code (morningD/FlexCFL): 50 pre-training steps, convex inter-group form"
 
     def __init__(
         self,
@@ -185,7 +189,8 @@ class FlexCFL(FedGroup):
     summary = "FlexCFL: FedGroup plus migration on label shift (Duan et al. 2022)"
     name = "flexcfl"
     paper_train = TrainConfig(epochs=10, batch_size=10, lr=0.01)
-    paper_settings = "FlexCFL (Duan et al. 2022) Sec. 5: E = 10, B = 10, K = 20, α = 20, η 0.01 (Synthetic)"
+    paper_settings = "FlexCFL (Duan et al. 2022) Sec. 5.1: E = 10, B = 10, K = 20, α = 20, η 0.01 (Synthetic)"
+    paper_params = FedGroup.paper_params | {"migrate", "shift_fraction"}  # Sec. 3.4, Eq. (9)
 
     def __init__(self, migrate: bool = True, shift_fraction: float = 0.2, **kwargs: Any) -> None:
         super().__init__(**kwargs)

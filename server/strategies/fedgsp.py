@@ -52,8 +52,12 @@ class FedGSP(Strategy):
     summary = "FedGSP: ICG groups growing by f(r), sequential chains, κ sampling (Zeng et al. 2022)"
     name = "fedgsp"
     paper_train = TrainConfig(epochs=1, batch_size=5, lr=0.01)
-    paper_settings = "FedGSP (Zeng et al. 2022) Sec. 5: batch 5, 1 local epoch, η = 0.01, κ = 0.3, LOG, α = 2, β = 10"
-    paper_params = frozenset({"growth", "alpha", "beta", "kappa"})
+    paper_settings = (
+        "FedGSP (Zeng et al. 2022) Sec. 4.1: batch 5, 1 local epoch, η = 0.01, κ = 0.3, LOG, α = 2, β = 10; "
+        "ICG τ = 10 (Sec. 3.3)"
+    )
+    # ICG's τ = 10 iterations: Sec. 3.3; ICG and STP's growth are the method itself
+    paper_params = frozenset({"growth", "alpha", "beta", "kappa", "icg_iterations", "grouping", "grow"})
     static = False  # True: groups and chain orders are formed once and kept (the ablations)
 
     def __init__(

@@ -32,11 +32,12 @@ from server.coordinator.board_backend import BoardBackend
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
 from server.downlink import downlinks_for
-from server.edge.host import EdgeHost, EdgeSettings, group_model
+from server.edge.host import EdgeHost, EdgeSettings
 from server.edge.messages import EdgeMember, EdgeReport, EdgeTask, decode_edge, encode_edge
 from server.edge.proxy import EdgeBook, EdgeGroupProxy, model_key
 from server.edge.state import EdgeState
 from server.edge.uplink import encode_upload
+from server.execution.group_model import group_model
 from server.execution.manager import GroupManager
 from server.fleet import leaf_writers
 from server.lab.edges import federation, max_abs_diff, run_with_edges, sim_vs_edges

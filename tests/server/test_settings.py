@@ -50,7 +50,8 @@ def test_strategy_parameters_say_whether_a_default_is_the_papers() -> None:
     assert params == {"beta": 2}
     assert settings["strategy.kappa"] == Setting(0.3, Source.PAPER, FedGSP.paper_settings)
     assert settings["strategy.beta"].source is Source.FLAG
-    assert settings["strategy.icg_iterations"].source is Source.DEFAULT
+    assert settings["strategy.icg_iterations"].source is Source.PAPER  # ICG's τ = 10, Sec. 3.3
+    assert settings["strategy.icg_draw"].source is Source.DEFAULT  # the paper draws at random
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ SETTINGS = {
     "fedgsp": {"beta": 3, "kappa": 0.5},
     "naivegsp": {"beta": 3, "kappa": 0.5},
     "naivegsp_icg": {"beta": 3, "kappa": 0.5},
-    "dsc": {"clients_per_round": 10},
+    "dsc": {"clients_per_round": 10, "local_steps": None},  # a whole epoch: the letter's one step learns slowly
     "fedgroup": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
     "fedgrouprox": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
     "flexcfl": {"n_groups": 3, "clients_per_round": 10, "alpha": 3, "pretrain_steps": 10},
@@ -148,3 +148,21 @@ def test_cluster_models_start_distinct(model, name: str) -> None:
     models = strategy.group_models
     assert len(models) == 3
     assert not np.array_equal(models[0], models[1]) and not np.array_equal(models[1], models[2])
+
+
+def test_dsc_trains_every_client_one_gradient_step_at_the_letters_rate() -> None:
+    """Sun et al. Alg. 1 aggregates all K clients; Eq. 5 is one gradient step at
+    λ = 0.06 (MNIST, Sec. IV-A)."""
+    from server.strategies.dsc import DSC
+    from tests.server.strategies.fakes import FakeContext
+
+    counts = {f"c{i}": np.eye(3)[i % 3] * 50 for i in range(7)}
+    strategy = make_strategy("dsc")
+    assert isinstance(strategy, DSC)
+    strategy.setup(FakeContext(counts).clients(), np.zeros(4, np.float32), np.random.default_rng(0))
+
+    plan = strategy.plan_round(1, FakeContext(counts))
+
+    assert sorted(plan.participants) == sorted(counts)
+    assert (plan.train.max_steps, plan.train.lr, plan.train.batch_size) == (1, 0.06, 60)
+    assert DSC.paper_params >= {"clients_per_round", "local_steps"}
