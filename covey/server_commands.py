@@ -190,6 +190,7 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         resume=args.resume,
         advertise=args.advertise,
         advertise_host=conn.advertise_host or advertised_host(listen),
+        dashboard=args.dashboard,
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
@@ -243,6 +244,14 @@ def _learning(args: argparse.Namespace) -> RunConfig:
     if left_out:
         print(f"left out (simulation only; each board trains on its own data): {', '.join(left_out)}", flush=True)
     return cfg.learning()
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from server.dashboard.report import write_report
+
+    path = write_report(Path(args.run_dir), Path(args.out) if args.out else None)
+    print(f"wrote {path}")
+    return 0
 
 
 def _cmd_links(args: argparse.Namespace) -> int:
@@ -385,6 +394,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="B",
         help="Shannon bandwidth that turns measured goodput into an effective SNR (default 20, one Wi-Fi channel)",
     )
+    p.add_argument(
+        "--dashboard",
+        metavar="[HOST:]PORT",
+        help="serve a read-only live page of the run (host 127.0.0.1 unless given; any other address needs the "
+        "token printed at start; docs/site-guide.md)",
+    )
     p.set_defaults(func=_cmd_server_run)
 
     p = sub.add_parser(
@@ -395,6 +410,16 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     )
     p.add_argument("results", metavar="RESULTS", help="a run's --state-dir, or its results.json")
     p.set_defaults(func=_cmd_links)
+
+    p = sub.add_parser(
+        "report",
+        help="write a finished run's dashboard page as one HTML file (simulation or boards)",
+        description="Reads RUN (a run's --state-dir or --out folder, or its results file) and writes the page "
+        "`covey server run --dashboard` shows, as one file that opens with no server and no internet.",
+    )
+    p.add_argument("run_dir", metavar="RUN", help="a run's --state-dir or --out folder, or its results .json")
+    p.add_argument("--out", metavar="FILE", help="where to write it (default: report.html beside the results)")
+    p.set_defaults(func=_cmd_report)
 
     p = sub.add_parser(
         "conformance",

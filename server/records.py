@@ -103,6 +103,28 @@ def strict_json_values(value: Any) -> Any:
     return value
 
 
+def run_document(
+    *,
+    records: Sequence[RoundRecord],
+    settings: Mapping[str, Setting],
+    links: Mapping[str, Any] | None = None,
+    devices: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A run's ``results.json`` as plain JSON values (no NaN: ``None``): its settings,
+    summary and rounds, and the links and boards where given (:func:`write_run`)."""
+    doc: dict[str, Any] = {
+        "settings": {k: s.as_dict() for k, s in sorted(settings.items())},
+        "summary": summary(records),
+        "rounds": [asdict(r) for r in records],
+    }
+    if links is not None:
+        doc["links"] = dict(links)
+    if devices is not None:
+        doc["devices"] = dict(devices)
+    plain: dict[str, Any] = json.loads(json.dumps(strict_json_values(doc), default=_json_default, allow_nan=False))
+    return plain
+
+
 def write_run(
     out_dir: Path,
     stem: str,
@@ -118,18 +140,10 @@ def write_run(
     ``links``: the link matrices grouping used (:meth:`server.links.LinkMatrices.to_dict`);
     ``devices``: each board's platform and telemetry
     (:meth:`server.coordinator.registry.Registry.boards_record`)."""
-    rows = [asdict(r) for r in records]
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "png")}
-    doc: dict[str, Any] = {
-        "settings": {k: s.as_dict() for k, s in sorted(settings.items())},
-        "summary": summary(records),
-        "rounds": rows,
-    }
-    if links is not None:
-        doc["links"] = dict(links)
-    if devices is not None:
-        doc["devices"] = dict(devices)
-    text = json.dumps(strict_json_values(doc), indent=1, default=_json_default, allow_nan=False)
+    doc = run_document(records=records, settings=settings, links=links, devices=devices)
+    rows = [asdict(r) for r in records]  # the CSV keeps NaN as nan
+    text = json.dumps(doc, indent=1, allow_nan=False)
     atomic_write(paths["json"], (text + "\n").encode())
     flat = [_flat(r) for r in rows]
     keys = sorted({k for r in flat for k in r}, key=lambda k: (k != "round", k))

@@ -22,7 +22,7 @@ from device.data import Dataset, read_leaf
 from device.errors import ConfigError
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
-from server.records import write_run
+from server.records import run_document, write_run
 from server.run_config import RunConfig, resolve_run
 from server.settings import Setting, Source
 from server.strategies.base import Strategy, TrainConfig
@@ -48,6 +48,7 @@ class ServeOptions:
     resume: bool = False
     advertise: bool = False
     advertise_host: str | None = None  # the broker host boards are told (None: the coordinator's host)
+    dashboard: str | None = None  # [HOST:]PORT of the run's live page (server/dashboard/)
 
     @property
     def strategy(self) -> str:
@@ -106,6 +107,10 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         )
     if opts.eval_dir is not None and not opts.eval_dir.exists():
         raise ConfigError(f"--eval-data {opts.eval_dir} does not exist")
+    if opts.dashboard is not None:
+        from server.dashboard.live import parse_address
+
+        parse_address(opts.dashboard)  # a bad address is one line before anything starts
     settings = {
         **run.learning_settings(),
         "model": run.setting("model", opts.model_path.stem),
@@ -146,7 +151,20 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
         eval_data,
     )
     zc = None
+    dashboard = feed = None
     try:
+        if o.dashboard is not None:
+            from server.dashboard.feed import DashboardFeed
+            from server.dashboard.live import DashboardServer, LiveView, parse_address
+
+            view = LiveView()
+            dashboard = DashboardServer(view, parse_address(o.dashboard), f"covey: {o.strategy} on {c.run}").start()
+            feed = DashboardFeed(view, coord.registry.fleet_entries)
+            feed.publish()
+            coord.on_pump = feed.tick
+            print(f"dashboard: {dashboard.url}", flush=True)
+            c.state_dir.mkdir(parents=True, exist_ok=True)  # where to find the page later (its token too)
+            (c.state_dir / "dashboard-url").write_text(dashboard.url + "\n")
         coord.connect()
         if o.advertise:
             from device.discovery import advertise
@@ -170,6 +188,8 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             print(
                 f"measuring the links of {len(coord.backend.ready_devices())} devices (docs/links.md) ...", flush=True
             )
+        if feed is not None:
+            feed.set_status("measuring links")
         links = coord.measure_links()
         if progress:
             print(f"links: SNR entries {links.counts('snr')}, RTT entries {links.counts('rtt')}", flush=True)
@@ -181,6 +201,8 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             total=o.rounds, initial=coord.driver.rnd, desc=f"{o.strategy} rounds", unit="round", disable=not progress
         ) as bar:
             while coord.driver.rnd < o.rounds:
+                if feed is not None:
+                    feed.set_status("running", coord.driver.rnd + 1)
                 rec = coord.step()
                 write_run(
                     c.state_dir,
@@ -192,6 +214,15 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     links=coord.backend.links_record(),
                     devices=coord.registry.boards_record(),
                 )
+                if feed is not None:  # the round as results.json has it, on the page within a tick
+                    feed.set_results(
+                        run_document(
+                            records=coord.records,
+                            settings=prepared.settings,
+                            links=coord.backend.links_record(),
+                            devices=coord.registry.boards_record(),
+                        )
+                    )
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
                 bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)
@@ -204,9 +235,13 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             links=coord.backend.links_record(),
             devices=coord.registry.boards_record(),
         )
+        if feed is not None:
+            feed.set_status("finished")
         coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord
     finally:
         if zc is not None:
             zc.close()
+        if dashboard is not None:
+            dashboard.close()
         coord.close()

@@ -175,6 +175,7 @@ class Coordinator:
             on_client=self._on_client,
             edges=self.edges,
         )
+        self.on_pump: Callable[[], None] | None = None  # called after every pump (server/dashboard/feed.py)
         self.driver = RoundDriver(
             strategy,
             self.backend,
@@ -252,8 +253,11 @@ class Coordinator:
 
     # -- receiving ------------------------------------------------------------------------
     def pump(self, timeout: float) -> None:
-        """Handle one incoming message (if any arrives within ``timeout``): :class:`Inbox`."""
+        """Handle one incoming message (if any arrives within ``timeout``): :class:`Inbox`;
+        then ``on_pump`` (the dashboard's feed), if set, on this thread."""
         self.inbox.pump(timeout)
+        if self.on_pump is not None:
+            self.on_pump()
 
     # -- waiting -------------------------------------------------------------------------
     def wait_for_devices(self, n: int, timeout: float, progress: Callable[[int], None] | None = None) -> None:

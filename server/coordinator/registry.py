@@ -22,6 +22,7 @@ import numpy as np
 from device.errors import ProtocolError
 from device.protocol import Platform, Pong, Publish, Register, Telemetry, Topics, legacy_stop
 from server.coordinator.admission import Admission
+from server.dashboard.state import FleetEntry
 from server.strategies.base import ClientInfo
 
 log = logging.getLogger("covey.server")
@@ -132,6 +133,13 @@ class Registry:
             }
             for device, record in sorted(self.devices.items())
         }
+
+    def fleet_entries(self) -> list[FleetEntry]:
+        """Each registered board as the dashboard shows it: online, and when it was last
+        heard, in whole Unix seconds (the page counts the seconds since; the state then
+        changes only when a board does)."""
+        offset = time.time() - time.monotonic()
+        return [FleetEntry(d, r.online, float(round(offset + r.last_seen))) for d, r in sorted(self.devices.items())]
 
     def pings_due(self) -> list[tuple[str, float]]:
         """``(device, t)``: confirmation pings to send now (at the admission rate)."""

@@ -1,0 +1,65 @@
+"""What a live run tells its dashboard, from the coordinator's own thread.
+
+:class:`DashboardFeed` keeps the run's last results document (set after every round,
+the same one ``results.json`` gets) and, at most every :data:`TICK_S`, adds the
+coordinator's current view of its boards (online, last seen) and publishes the page
+state to the :class:`~server.dashboard.live.LiveView`. The coordinator calls
+:meth:`DashboardFeed.tick` from its message pump, so the page follows a board going
+offline or a round starting within about a second, and no HTTP thread ever reads the
+coordinator's state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from server.dashboard.live import LiveView
+from server.dashboard.state import FleetEntry, page_state
+
+TICK_S = 0.5
+
+
+class DashboardFeed:
+    """Publishes a live run's page state.
+
+    Parameters
+    ----------
+    view : where the page's state goes.
+    boards : the coordinator's boards now (called on the coordinator's thread).
+    clock : monotonic seconds (the registry's ``last_seen`` clock).
+    """
+
+    def __init__(
+        self,
+        view: LiveView,
+        boards: Callable[[], Iterable[FleetEntry]],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view, self.boards, self.clock = view, boards, clock
+        self.doc: Mapping[str, Any] = {}
+        self.status = "registering"
+        self.round_in_progress: int | None = None
+        self._last = float("-inf")
+
+    def set_results(self, doc: Mapping[str, Any]) -> None:
+        """The run's results as just written (:func:`server.records.run_document`)."""
+        self.doc = doc
+        self.publish()
+
+    def set_status(self, status: str, round_in_progress: int | None = None) -> None:
+        self.status, self.round_in_progress = status, round_in_progress
+        self.publish()
+
+    def tick(self) -> None:
+        """Publish if :data:`TICK_S` passed since the last time (the message pump's hook)."""
+        if self.clock() - self._last >= TICK_S:
+            self.publish()
+
+    def publish(self) -> None:
+        self._last = self.clock()
+        state = page_state(
+            self.doc, live=list(self.boards()), status=self.status, round_in_progress=self.round_in_progress
+        )
+        self.view.publish(state)

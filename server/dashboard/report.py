@@ -1,0 +1,38 @@
+"""``covey report RUN_DIR``: a finished run's dashboard as one HTML file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from device.errors import ConfigError
+from device.state import atomic_write
+from server.dashboard.page import report_page
+from server.dashboard.state import page_state
+
+
+def results_of(path: Path) -> tuple[Path, dict[str, object]]:
+    """The ``results.json`` of a run's state dir (or the file itself), parsed; a
+    missing or unreadable file is one :class:`ConfigError` naming it."""
+    candidates = [path] if path.is_file() else [path / "results.json", *sorted(path.glob("*.json"))]
+    for candidate in candidates:
+        if candidate.is_file():
+            try:
+                doc = json.loads(candidate.read_text())
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ConfigError(f"{candidate}: not a run's results ({exc})") from None
+            if isinstance(doc, dict) and isinstance(doc.get("rounds"), list):
+                return candidate, doc
+            if candidate == path:
+                raise ConfigError(f"{candidate}: not a run's results (no 'rounds' list)")
+    raise ConfigError(f"{path}: no results.json here; give a run's --state-dir or --out folder, or the file")
+
+
+def write_report(path: Path, out: Path | None = None) -> Path:
+    """Write the report of the run at ``path`` to ``out`` (default: ``report.html``
+    beside its results) and return where it went."""
+    source, doc = results_of(path)
+    target = out or source.with_name("report.html")
+    title = f"covey: {source.parent.name or source.stem}"
+    atomic_write(target, report_page(title, page_state(doc)).encode())
+    return target

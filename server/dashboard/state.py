@@ -1,0 +1,158 @@
+"""What the dashboard page shows, as one JSON-able dict built from a run's records.
+
+Pure functions over a run's ``results.json`` document (:func:`server.records.write_run`:
+settings, rounds, links, devices) and, for a live run, the coordinator's view of its
+fleet (:func:`live_fleet`). The same dict feeds the live page (pushed as server-sent
+events) and the static report (embedded), so both show the same thing. Every string
+in it is data: the page writes it with ``textContent``, never as markup.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# The round fields the learning panel plots (RoundRecord's names).
+CURVE_KEYS = ("server_accuracy", "federated_accuracy", "server_loss", "train_loss", "bytes", "wall_s")
+MAX_EVENTS = 200  # the latest; a long run's page stays small
+
+
+@dataclass(frozen=True)
+class FleetEntry:
+    """One board as the coordinator sees it now (a live run only)."""
+
+    device: str
+    online: bool
+    last_seen_at: float | None  # when its last message came (Unix seconds, whole); None: not known
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, else ``None`` (JSON has no NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def _setting(doc: Mapping[str, Any], key: str) -> Any:
+    raw = doc.get("settings", {}).get(key)
+    return raw.get("value") if isinstance(raw, Mapping) else None
+
+
+def fleet(doc: Mapping[str, Any], live: Iterable[FleetEntry] = ()) -> list[dict[str, Any]]:
+    """Each board: what it said it is, its latest telemetry, the refusals counted
+    against it over the run, and (live) whether it is online.
+
+    Parameters
+    ----------
+    doc : the run's ``results.json`` document (may be empty before round 1).
+    live : the coordinator's current view of its boards.
+
+    Returns
+    -------
+    list of dict
+        One per board, sorted by id.
+    """
+    devices: Mapping[str, Any] = doc.get("devices") or {}
+    now = {e.device: e for e in live}
+    refusals: dict[str, int] = {}
+    for r in doc.get("rounds", []):
+        for device, n in (r.get("rejected") or {}).items():
+            refusals[device] = refusals.get(device, 0) + int(n)
+    out = []
+    for device in sorted(set(devices) | set(now) | set(refusals)):
+        record = devices.get(device) or {}
+        platform = record.get("platform") or {}
+        telemetry = record.get("telemetry") or []
+        last = telemetry[-1] if telemetry else {}
+        entry = now.get(device)
+        out.append(
+            {
+                "id": str(device),
+                "machine": str(platform.get("machine", "")),
+                "backend": " ".join(str(platform.get(k, "")) for k in ("backend", "backend_version")).strip(),
+                "online": None if entry is None else entry.online,
+                "last_seen_at": None if entry is None else _number(entry.last_seen_at),
+                "peak_rss_mb": _number(last.get("peak_rss_mb")),
+                "cpu_temp_c": _number(last.get("cpu_temp_c")),
+                "throttled": last.get("throttled") if isinstance(last.get("throttled"), int) else None,
+                "telemetry_round": last.get("round") if isinstance(last.get("round"), int) else None,
+                "refusals": refusals.get(device, 0),
+            }
+        )
+    return out
+
+
+def events(rounds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What went wrong or was done about it, round by round: refusals by reason and
+    by board, skipped members, retries, clipped updates, failed rounds."""
+    out: list[dict[str, Any]] = []
+    for r in rounds:
+        rnd = r.get("round")
+        for reason, n in sorted((r.get("dropped") or {}).items()):
+            out.append({"round": rnd, "kind": "refused", "detail": f"{n} x {reason}"})
+        for device, n in sorted((r.get("rejected") or {}).items()):
+            out.append({"round": rnd, "kind": "refused", "device": str(device), "detail": f"{n} message(s)"})
+        if r.get("skipped"):
+            out.append({"round": rnd, "kind": "skipped", "detail": f"{r['skipped']} member(s) missed the deadline"})
+        extra = r.get("extra") or {}
+        for key, label in (("retries", "planned again"), ("clipped", "updates clipped"), ("failed_round", "no result")):
+            if extra.get(key):
+                out.append({"round": rnd, "kind": key, "detail": f"{label}: {extra[key]:g}"})
+    return out[-MAX_EVENTS:]
+
+
+def links(doc: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Γ and RTT with where each entry came from (:meth:`server.links.LinkMatrices.to_dict`)."""
+    raw = doc.get("links")
+    if not isinstance(raw, Mapping) or not raw.get("ids"):
+        return None
+    keep = ("ids", "snr_db", "snr_source", "rtt_ms", "rtt_source", "bandwidth_hz")
+    return {k: raw.get(k) for k in keep}
+
+
+def page_state(
+    doc: Mapping[str, Any],
+    *,
+    live: Iterable[FleetEntry] = (),
+    status: str = "finished",
+    round_in_progress: int | None = None,
+) -> dict[str, Any]:
+    """The page's whole state.
+
+    Parameters
+    ----------
+    doc : the run's ``results.json`` document (``{}`` before round 1).
+    live : the coordinator's boards now (a live run).
+    status : ``"registering"``, ``"measuring links"``, ``"running"`` or ``"finished"``.
+    round_in_progress : the round being run, if one is.
+
+    Returns
+    -------
+    dict
+        ``run`` (strategy, rounds planned, rounds done, status), ``fleet``
+        (:func:`fleet`), ``rounds`` (the curves' fields per round), ``groups`` (the
+        last round's), ``links`` (:func:`links`) and ``events`` (:func:`events`).
+    """
+    rounds = list(doc.get("rounds", []))
+    curves = [{"round": r.get("round"), **{k: _number(r.get(k)) for k in CURVE_KEYS}} for r in rounds]
+    for row, r in zip(curves, rounds, strict=True):
+        row["trained"], row["skipped"], row["n_groups"] = r.get("trained"), r.get("skipped"), r.get("n_groups")
+    last = rounds[-1] if rounds else {}
+    return {
+        "run": {
+            "strategy": str(_setting(doc, "strategy") or ""),
+            "rounds_planned": _setting(doc, "rounds"),
+            "rounds_done": len(rounds),
+            "round_in_progress": round_in_progress,
+            "status": status,
+            "codec": str(_setting(doc, "codec") or "fp32"),
+        },
+        "fleet": fleet(doc, live),
+        "rounds": curves,
+        "groups": [[str(m) for m in g] for g in last.get("groups", [])],
+        "handoff": dict(last.get("handoff") or {}),
+        "links": links(doc),
+        "events": events(rounds),
+    }

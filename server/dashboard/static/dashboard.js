@@ -1,0 +1,215 @@
+// covey's dashboard page (server/dashboard/). Reads the run's state embedded in the page
+// (a report) or streamed from /events (a live run) and draws it. Every value from the
+// run is written as text (textContent, canvas fillText), never parsed as markup: a board
+// id such as "<img onerror=...>" shows as those characters.
+"use strict";
+
+(function () {
+  const $ = (id) => document.getElementById(id);
+  const charts = {};
+  window.coveyCharts = charts;
+
+  function text(el, value) {
+    el.textContent = value === null || value === undefined ? "–" : String(value);
+  }
+
+  function cell(row, value) {
+    const td = document.createElement("td");
+    text(td, value);
+    row.appendChild(td);
+    return td;
+  }
+
+  function pct(v) {
+    return typeof v === "number" ? (100 * v).toFixed(2) + " %" : "–";
+  }
+
+  function renderFleet(fleet) {
+    const body = $("fleet").tBodies[0];
+    body.replaceChildren();
+    let online = 0;
+    for (const b of fleet) {
+      const row = document.createElement("tr");
+      row.dataset.board = b.id;
+      cell(row, b.id);
+      cell(row, b.machine || "–");
+      cell(row, b.backend || "–");
+      const on = cell(row, b.online === null ? "–" : b.online ? "online" : "offline");
+      on.className = b.online === false ? "bad" : b.online ? "good" : "";
+      const seen = cell(row, "–");
+      if (b.last_seen_at !== null) {
+        seen.dataset.seenAt = String(b.last_seen_at);
+        seen.className = "seen";
+      }
+      cell(row, b.peak_rss_mb === null ? "–" : b.peak_rss_mb.toFixed(0));
+      cell(row, b.cpu_temp_c === null ? "–" : b.cpu_temp_c.toFixed(1));
+      cell(row, b.throttled === null ? "–" : b.throttled ? "yes (0x" + b.throttled.toString(16) + ")" : "no");
+      const refused = cell(row, b.refusals);
+      if (b.refusals > 0) refused.className = "bad";
+      if (b.online !== false) online += 1;
+      body.appendChild(row);
+    }
+    text($("device-count"), fleet.length);
+    text($("online-count"), online);
+  }
+
+  function ageSeen() {
+    // "N s ago" from the page's clock: the state carries when, not how long ago
+    for (const td of document.querySelectorAll("td.seen")) {
+      const ago = Math.max(0, Date.now() / 1000 - Number(td.dataset.seenAt));
+      text(td, ago.toFixed(0) + " s ago");
+    }
+  }
+  window.setInterval(ageSeen, 1000);
+
+  function renderRound(state) {
+    const run = state.run;
+    text($("round"), run.round_in_progress || run.rounds_done);
+    text($("rounds-planned"), run.rounds_planned);
+    const last = state.rounds[state.rounds.length - 1];
+    const parts = [];
+    if (last) {
+      parts.push("round " + last.round + ": " + last.n_groups + " group(s), " + last.trained + " trained, " +
+        last.skipped + " skipped");
+      const hand = Object.entries(state.handoff || {}).map(([k, v]) => v + " " + k).join(", ");
+      if (hand) parts.push("hand-offs " + hand);
+    }
+    text($("round-detail"), parts.join("; ") || "no round recorded yet");
+    const list = $("groups");
+    list.replaceChildren();
+    for (const g of state.groups) {
+      const li = document.createElement("li");
+      text(li, g.join(", "));
+      list.appendChild(li);
+    }
+  }
+
+  function series(rows, key) {
+    return rows.map((r) => (r[key] === null ? null : r[key]));
+  }
+
+  function chart(name, el, title, labels, data, scale) {
+    const width = Math.max(320, Math.min(720, el.clientWidth || 640));
+    if (!charts[name]) {
+      const colours = ["#1f77b4", "#ff7f0e", "#2ca02c"];
+      const opts = {
+        title: title,
+        width: width,
+        height: 220,
+        scales: { x: { time: false } },
+        axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500] }, { label: scale }],
+        series: [{ label: "round" }].concat(labels.map((l, i) => ({ label: l, stroke: colours[i], width: 2 }))),
+      };
+      charts[name] = new uPlot(opts, data, el);
+    } else {
+      charts[name].setData(data);
+    }
+  }
+
+  function renderLearning(rows) {
+    const last = rows[rows.length - 1] || {};
+    text($("last-server-accuracy"), pct(last.server_accuracy));
+    text($("last-federated-accuracy"), pct(last.federated_accuracy));
+    if (!rows.length || typeof uPlot === "undefined") return;
+    const x = rows.map((r) => r.round);
+    chart("accuracy", $("accuracy-chart"), "accuracy", ["server", "federated"],
+      [x, series(rows, "server_accuracy"), series(rows, "federated_accuracy")], "accuracy");
+    chart("bytes", $("bytes-chart"), "modelled bytes per round", ["bytes"], [x, series(rows, "bytes")], "bytes");
+  }
+
+  function heat(canvas, caption, unit, matrix, sources, ids, order) {
+    const ctx = canvas.getContext("2d");
+    ctx.clearRect(0, 0, canvas.width, canvas.height);
+    if (!matrix || !ids.length) return;
+    const n = ids.length;
+    const margin = 4;
+    const size = (Math.min(canvas.width, canvas.height) - 2 * margin) / n;
+    const values = matrix.flat().filter((v) => typeof v === "number");
+    const lo = Math.min.apply(null, values);
+    const hi = Math.max.apply(null, values);
+    text(caption, unit + ": " + lo.toFixed(1) + " (blue) to " + hi.toFixed(1) + " (red)");
+    order.forEach((i, r) => {
+      order.forEach((j, c) => {
+        const v = matrix[i][j];
+        if (typeof v === "number") {
+          const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
+          ctx.fillStyle = "hsl(" + (240 - 200 * t).toFixed(0) + ", 70%, 55%)";
+        } else {
+          ctx.fillStyle = "#ddd";
+        }
+        ctx.fillRect(margin + c * size, margin + r * size, size, size);
+        const src = sources && sources[i] ? String(sources[i][j]) : "";
+        if (size >= 12 && src && src !== "measured" && src !== "self" && src !== "transfer") {
+          ctx.fillStyle = "#000";
+          ctx.font = Math.floor(size * 0.6) + "px sans-serif";
+          ctx.fillText("·", margin + c * size + size * 0.4, margin + r * size + size * 0.7);
+        }
+      });
+    });
+  }
+
+  function renderLinks(state) {
+    const links = state.links;
+    if (!links) {
+      text($("links-note"), "no link matrices yet");
+      return;
+    }
+    const ids = links.ids;
+    const groupOf = {};
+    state.groups.forEach((g, k) => g.forEach((m) => (groupOf[m] = k)));
+    const order = ids.map((_, i) => i).sort((a, b) => {
+      const ga = groupOf[ids[a]] === undefined ? 1e9 : groupOf[ids[a]];
+      const gb = groupOf[ids[b]] === undefined ? 1e9 : groupOf[ids[b]];
+      return ga - gb || a - b;
+    });
+    text($("links-note"), ids.length + " boards, ordered by the last round's groups; a dot marks a filled entry " +
+      "(not measured on that path)");
+    heat($("snr-map"), $("snr-caption"), "Γ (dB)", links.snr_db, links.snr_source, ids, order);
+    heat($("rtt-map"), $("rtt-caption"), "RTT (ms)", links.rtt_ms, links.rtt_source, ids, order);
+  }
+
+  function renderEvents(events) {
+    const list = $("events");
+    list.replaceChildren();
+    for (const e of events.slice().reverse()) {
+      const li = document.createElement("li");
+      text(li, "round " + e.round + ": " + e.kind + (e.device ? " (" + e.device + ")" : "") + ": " + e.detail);
+      list.appendChild(li);
+    }
+    if (!events.length) text(list, "none");
+  }
+
+  function render(state) {
+    window.coveyState = state;
+    const title = $("page-title") ? $("page-title").textContent : "covey";
+    text($("title"), title);
+    const run = state.run;
+    text($("status"), (run.strategy || "a run") + ": " + run.status + ", " + run.rounds_done + " round(s) recorded, " +
+      run.codec + " models");
+    renderFleet(state.fleet);
+    ageSeen();
+    renderRound(state);
+    renderLearning(state.rounds);
+    renderLinks(state);
+    renderEvents(state.events);
+    if (document.body.dataset.rounds !== String(run.rounds_done)) {
+      // when each round first showed (bench/dashboard.py reads it: epoch milliseconds)
+      window.coveyShownAt = window.coveyShownAt || {};
+      window.coveyShownAt[run.rounds_done] = Date.now();
+    }
+    document.body.dataset.rounds = String(run.rounds_done);
+  }
+
+  const embedded = $("covey-state");
+  if (embedded) {
+    render(JSON.parse(embedded.textContent));
+  } else {
+    const stream = new EventSource("/events" + window.location.search);
+    stream.onmessage = (event) => {
+      const state = JSON.parse(event.data);
+      render(state);
+      if (state.run && state.run.status === "finished") stream.close(); // the coordinator is done
+    };
+    stream.onerror = () => text($("status"), "connection to the coordinator lost; retrying");
+  }
+})();

@@ -1,0 +1,138 @@
+"""The dashboard's state, server and report without a browser (issue 30)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from pathlib import Path
+from urllib.error import HTTPError
+
+import pytest
+
+from covey.cli import main
+from device.errors import ConfigError
+from server.dashboard.live import Address, DashboardServer, LiveView, parse_address
+from server.dashboard.page import embedded_json, report_page
+from server.dashboard.state import FleetEntry, page_state
+
+HOSTILE = '<img src=x onerror="document.title=1">'
+
+
+def doc() -> dict:
+    rounds = [
+        {
+            "round": 1,
+            "server_accuracy": 0.2,
+            "federated_accuracy": None,
+            "trained": 3,
+            "skipped": 0,
+            "n_groups": 1,
+            "rejected": {"dev001": 2},
+            "dropped": {"bad frame": 2},
+            "groups": [["dev000", "dev001"]],
+            "extra": {},
+        },
+        {
+            "round": 2,
+            "server_accuracy": 0.4,
+            "federated_accuracy": 0.35,
+            "trained": 2,
+            "skipped": 1,
+            "n_groups": 2,
+            "rejected": {"dev001": 1, HOSTILE: 1},
+            "dropped": {},
+            "groups": [["dev000"], [HOSTILE]],
+            "extra": {"retries": 1.0},
+        },
+    ]
+    devices = {
+        "dev000": {
+            "platform": {"machine": "aarch64", "backend": "ai_edge_litert", "backend_version": "2.3.0"},
+            "telemetry": [{"round": 2, "peak_rss_mb": 80.5, "cpu_temp_c": 51.0, "throttled": 0}],
+        },
+        "dev001": {"platform": None, "telemetry": []},
+    }
+    settings = {"strategy": {"value": "fedavg", "source": "flag"}, "rounds": {"value": 5, "source": "flag"}}
+    return {"settings": settings, "rounds": rounds, "devices": devices, "summary": {}}
+
+
+def test_the_page_state_counts_refusals_per_board_and_lists_what_happened() -> None:
+    state = page_state(doc(), live=[FleetEntry("dev000", True, 1.8e9), FleetEntry("dev001", False, None)])
+    fleet = {b["id"]: b for b in state["fleet"]}
+    assert set(fleet) == {"dev000", "dev001", HOSTILE}
+    assert fleet["dev001"]["refusals"] == 3 and fleet["dev001"]["online"] is False
+    assert fleet["dev000"]["machine"] == "aarch64" and fleet["dev000"]["backend"] == "ai_edge_litert 2.3.0"
+    assert fleet["dev000"]["peak_rss_mb"] == 80.5 and fleet["dev000"]["last_seen_at"] == 1.8e9
+    assert state["run"]["rounds_done"] == 2 and state["run"]["rounds_planned"] == 5
+    assert [r["server_accuracy"] for r in state["rounds"]] == [0.2, 0.4]
+    assert state["groups"] == [["dev000"], [HOSTILE]]
+    kinds = [(e["round"], e["kind"]) for e in state["events"]]
+    assert (1, "refused") in kinds and (2, "skipped") in kinds and (2, "retries") in kinds
+    json.dumps(state, allow_nan=False)  # the page's JSON holds no NaN
+
+
+def test_embedded_state_cannot_end_its_script_element() -> None:
+    page = report_page("t", page_state(doc()))
+    state_tag = page.split('id="covey-state">', 1)[1].split("</script>", 1)[0]
+    assert "<" not in state_tag and HOSTILE in {b["id"] for b in json.loads(state_tag)["fleet"]}
+    assert json.loads(embedded_json({"x": "</script>&"}))["x"] == "</script>&"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"), [("8080", Address("127.0.0.1", 8080)), ("0.0.0.0:9", Address("0.0.0.0", 9))]
+)
+def test_dashboard_addresses(text: str, expected: Address) -> None:
+    assert parse_address(text) == expected
+    assert parse_address("127.0.0.1:1").loopback and not parse_address("0.0.0.0:1").loopback
+
+
+@pytest.mark.parametrize(("text", "needle"), [("web", "takes \\[HOST:\\]PORT"), ("1:70000", "0-65535")])
+def test_a_bad_dashboard_address_is_one_line(text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        parse_address(text)
+
+
+def test_the_live_view_wakes_a_stream_only_on_a_change() -> None:
+    view = LiveView()
+    view.publish({"a": 1})
+    version, _ = view.current()
+    view.publish({"a": 1})
+    assert view.current()[0] == version
+    got: list[tuple[int, str]] = []
+    waiter = threading.Thread(target=lambda: got.append(view.wait_newer(version, 5.0)))
+    waiter.start()
+    view.publish({"a": 2})
+    waiter.join(5.0)
+    assert got and got[0][0] == version + 1 and json.loads(got[0][1]) == {"a": 2}
+
+
+def test_off_loopback_every_request_needs_the_token() -> None:
+    view = LiveView()
+    view.publish(page_state(doc()))
+    server = DashboardServer(view, Address("0.0.0.0", 0), "t").start()
+    try:
+        base = f"http://127.0.0.1:{server.address.port}"
+        with pytest.raises(HTTPError) as refused:
+            urllib.request.urlopen(f"{base}/state", timeout=5)
+        assert refused.value.code == 403
+        assert server.token and server.url.endswith(f"?token={server.token}")
+        with urllib.request.urlopen(f"{base}/state?token={server.token}", timeout=5) as reply:
+            assert json.loads(reply.read())["run"]["rounds_done"] == 2
+        with pytest.raises(HTTPError) as outside:  # nothing beside the static folder is served
+            urllib.request.urlopen(f"{base}/static/../live.py?token={server.token}", timeout=5)
+        assert outside.value.code == 404
+    finally:
+        server.close()
+
+
+def test_covey_report_writes_one_file_and_a_missing_run_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "results.json").write_text(json.dumps(doc()))
+    assert main(["report", str(tmp_path)]) == 0
+    page = (tmp_path / "report.html").read_text()
+    assert "uPlot" in page and "/static/" not in page and "http" not in page.split("<body>", 1)[1][:2000]
+    assert f"wrote {tmp_path / 'report.html'}" in capsys.readouterr().out
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
