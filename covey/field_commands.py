@@ -11,6 +11,8 @@ import argparse
 import json
 import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +20,29 @@ from covey.learning_flags import add_codec_flag
 from device.errors import ConfigError
 
 DEFAULT_MODEL = "mlp_femnist"
+
+
+@contextmanager
+def field_dashboard(address: str | None, results: Path, title: str) -> Iterator[None]:
+    """With ``--dashboard``: the page, served from this machine (the coordinator runs in
+    a namespace of its own), following ``results`` (:class:`ResultsFileFeed`)."""
+    if address is None:
+        yield
+        return
+    from server.dashboard.feed import ResultsFileFeed
+    from server.dashboard.live import DashboardServer, LiveView, parse_address
+
+    view = LiveView()
+    server = DashboardServer(view, parse_address(address), title).start()
+    feed = ResultsFileFeed(view, results).start()
+    print(f"dashboard: {server.url}", flush=True)
+    results.parent.mkdir(parents=True, exist_ok=True)
+    (results.parent / "dashboard-url").write_text(server.url + "\n")  # as `covey server run` keeps it
+    try:
+        yield
+    finally:
+        feed.finish()
+        server.close()
 
 
 def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
@@ -49,6 +74,10 @@ def _check(args: argparse.Namespace) -> None:
 
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be >= 1, got {args.rounds}")
+    if args.dashboard is not None:
+        from server.dashboard.live import parse_address
+
+        parse_address(args.dashboard)  # one line before any namespace is made
     for flag, value in (
         ("timeout", args.timeout),
         ("deadline", args.deadline),
@@ -116,7 +145,8 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     print(f"network namespaces {namespace_prefix(plan)}* (removed at the end)", flush=True)
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _stop)  # the lab's namespaces and processes go also then
-    run = run_field_test(plan)
+    with field_dashboard(args.dashboard, plan.state_dir / "results.json", f"covey field test: {args.strategy}"):
+        run = run_field_test(plan)
     doc = json.loads((plan.state_dir / "results.json").read_text())
     site_of = {d.device_id: d.site for d in plan.devices}
     counts = _class_counts(root, {d.device_id: d.writer for d in plan.devices})
@@ -189,4 +219,10 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         "--link-bandwidth-mhz", type=float, default=20.0, help="Shannon's B for SNRs from goodput (default 20)"
     )
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds before the test is stopped (default 3600)")
+    p.add_argument(
+        "--dashboard",
+        metavar="[HOST:]PORT",
+        help="serve a read-only live page of the test on this machine (127.0.0.1 unless given; any other address "
+        "needs the printed token), following the run's results round by round",
+    )
     p.set_defaults(func=_cmd_field_test)

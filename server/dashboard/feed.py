@@ -11,8 +11,11 @@ coordinator's state.
 
 from __future__ import annotations
 
+import json
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from server.dashboard.live import LiveView
@@ -63,3 +66,63 @@ class DashboardFeed:
             self.doc, live=list(self.boards()), status=self.status, round_in_progress=self.round_in_progress
         )
         self.view.publish(state)
+
+
+class ResultsFileFeed:
+    """Publishes the page state of a run whose coordinator runs elsewhere (a field
+    test's coordinator runs in its own network namespace) from its ``results.json``,
+    read again whenever the file changes (polled every :data:`TICK_S`). Boards' online
+    status is not in the file: the page shows what the rounds recorded.
+
+    Parameters
+    ----------
+    view : where the page's state goes.
+    results : the run's ``results.json`` (it may not exist yet).
+    """
+
+    def __init__(self, view: LiveView, results: Path) -> None:
+        self.view, self.results = view, results
+        self.status = "starting"
+        self._stop = threading.Event()
+        self._seen: tuple[int, int] | None = None
+        self._doc: Mapping[str, Any] = {}
+        self.thread = threading.Thread(target=self._poll, name="dashboard-file-feed", daemon=True)
+
+    def start(self) -> ResultsFileFeed:
+        self.publish()
+        self.thread.start()
+        return self
+
+    def _poll(self) -> None:
+        while not self._stop.wait(TICK_S):
+            self.read()
+
+    def read(self) -> None:
+        """Publish the file's state if it changed since the last read."""
+        try:
+            st = self.results.stat()
+        except OSError:
+            return
+        if (st.st_mtime_ns, st.st_size) == self._seen:
+            return
+        try:
+            doc = json.loads(self.results.read_text())
+        except (OSError, ValueError):  # caught mid-write by another writer: the next poll reads it
+            return
+        self._seen, self._doc, self.status = (st.st_mtime_ns, st.st_size), doc, "running"
+        self.publish()
+
+    def publish(self) -> None:
+        rounds = len(self._doc.get("rounds", [])) if isinstance(self._doc, Mapping) else 0
+        running = rounds + 1 if self.status == "running" else None
+        self.view.publish(page_state(self._doc, status=self.status, round_in_progress=running))
+
+    def finish(self) -> None:
+        """The run is over: a last read, status finished, no more polling."""
+        self._stop.set()
+        if self.thread.is_alive():
+            self.thread.join(5)
+        self._seen = None
+        self.read()
+        self.status = "finished"
+        self.publish()

@@ -136,3 +136,24 @@ def test_covey_report_writes_one_file_and_a_missing_run_is_one_line(
     assert f"wrote {tmp_path / 'report.html'}" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_a_results_file_feed_follows_the_file_and_skips_a_half_written_one(tmp_path: Path) -> None:
+    from server.dashboard.feed import ResultsFileFeed
+
+    view = LiveView()
+    results = tmp_path / "results.json"
+    feed = ResultsFileFeed(view, results)
+    feed.publish()
+    assert json.loads(view.current()[1])["run"]["status"] == "starting"
+    results.write_text(json.dumps(doc()))
+    feed.read()
+    state = json.loads(view.current()[1])
+    assert state["run"]["rounds_done"] == 2 and state["run"]["round_in_progress"] == 3
+    results.write_text('{"rounds": [')  # caught mid-write: the last good state stays
+    feed.read()
+    assert json.loads(view.current()[1])["run"]["rounds_done"] == 2
+    results.write_text(json.dumps(doc()))
+    feed.finish()
+    state = json.loads(view.current()[1])
+    assert state["run"]["status"] == "finished" and state["run"]["round_in_progress"] is None

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -27,13 +30,40 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = LAB_MARKS
 
 
+def watch_page(state_dir: Path, seen: list[dict], timeout: float = 600.0) -> None:
+    """Read the field test's live page state (``/state``) every half second until it
+    shows a recorded round or the page goes away."""
+    deadline = time.monotonic() + timeout
+    url_file = state_dir / "dashboard-url"
+    while not url_file.exists():
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.2)
+    base = url_file.read_text().strip().split("?")[0]
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(base + "state", timeout=5) as reply:
+                seen.append(json.loads(reply.read()))
+        except OSError:
+            if seen:
+                return  # the test is over
+        if seen and seen[-1]["run"]["rounds_done"] >= 1:
+            return
+        time.sleep(0.5)
+
+
 def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # Prepare: the command of docs/links.md ("Field tests"), with an output folder and a target
+    # Prepare: the command of docs/links.md ("Field tests"), with an output folder, a
+    # target, and the live page (issue 30), read as the test runs
     argv = ["field-test", str(REPO / "examples/topologies/lab.toml"), "--strategy", "dsc", "--rounds", "1"]
-    argv += ["--target", "0.5", "--out", str(tmp_path / "field")]
+    argv += ["--target", "0.5", "--out", str(tmp_path / "field"), "--dashboard", "127.0.0.1:0"]
+    page_states: list[dict] = []
+    watcher = threading.Thread(target=watch_page, args=(tmp_path / "field" / "state", page_states), daemon=True)
+    watcher.start()
 
     # Execute
     code = main(argv)
+    watcher.join(30)
 
     # Assert: the report, the matrices it came from, and nothing left behind
     out = capsys.readouterr().out
@@ -71,6 +101,9 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     assert by_site["c"]["measured_rtt_ms"] > by_site["a"]["measured_rtt_ms"], by_site  # the relay's latency shows
     assert report["snr_rank_corr"] > 0.5 and report["rtt_rank_corr"] > 0.5, report
     assert (tmp_path / "field" / "field.png").stat().st_size > 0
+    # the page followed the test from this machine: round 1 with its 12 boards and links
+    shown = [s for s in page_states if s["run"]["rounds_done"] == 1]
+    assert shown and len(shown[-1]["fleet"]) == 12 and shown[-1]["links"]["ids"] == ids, page_states[-1:]
     # what the links carried in the round: every device got a start model and sent its
     # model back (float32, 4 bytes a weight), and in a star all of it crossed the broker's
     # link, which carried what the devices and the coordinator sent and received
