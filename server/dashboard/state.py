@@ -139,6 +139,9 @@ def page_state(
     curves = [{"round": r.get("round"), **{k: _number(r.get(k)) for k in CURVE_KEYS}} for r in rounds]
     for row, r in zip(curves, rounds, strict=True):
         row["trained"], row["skipped"], row["n_groups"] = r.get("trained"), r.get("skipped"), r.get("n_groups")
+        extra = r.get("extra") or {}
+        for kind in ("down", "up"):  # model frames as they crossed the wire, in the run's codec
+            row[f"wire_bytes_{kind}"] = _number(extra.get(f"wire_bytes_{kind}"))
     last = rounds[-1] if rounds else {}
     return {
         "run": {

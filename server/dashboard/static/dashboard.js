@@ -114,7 +114,13 @@
     const x = rows.map((r) => r.round);
     chart("accuracy", $("accuracy-chart"), "accuracy", ["server", "federated"],
       [x, series(rows, "server_accuracy"), series(rows, "federated_accuracy")], "accuracy");
-    chart("bytes", $("bytes-chart"), "modelled bytes per round", ["bytes"], [x, series(rows, "bytes")], "bytes");
+    const wire = rows.some((r) => r.wire_bytes_down !== null || r.wire_bytes_up !== null);
+    if (wire) {
+      chart("bytes", $("bytes-chart"), "model bytes per round on the wire (" + (window.coveyState.run.codec) + ")",
+        ["to boards", "from boards"], [x, series(rows, "wire_bytes_down"), series(rows, "wire_bytes_up")], "bytes");
+    } else {
+      chart("bytes", $("bytes-chart"), "modelled bytes per round", ["bytes"], [x, series(rows, "bytes")], "bytes");
+    }
   }
 
   function heat(canvas, caption, unit, matrix, sources, ids, order) {
