@@ -43,7 +43,7 @@ def doc() -> dict:
             "rejected": {"dev001": 1, HOSTILE: 1},
             "dropped": {},
             "groups": [["dev000"], [HOSTILE]],
-            "extra": {"retries": 1.0},
+            "extra": {"retries": 1.0, "wire_bytes_down": 4000.0, "wire_bytes_up": 3000.0},
         },
     ]
     devices = {
@@ -66,6 +66,8 @@ def test_the_page_state_counts_refusals_per_board_and_lists_what_happened() -> N
     assert fleet["dev000"]["peak_rss_mb"] == 80.5 and fleet["dev000"]["last_seen_at"] == 1.8e9
     assert state["run"]["rounds_done"] == 2 and state["run"]["rounds_planned"] == 5
     assert [r["server_accuracy"] for r in state["rounds"]] == [0.2, 0.4]
+    wire = [(r["wire_bytes_down"], r["wire_bytes_up"]) for r in state["rounds"]]
+    assert wire == [(None, None), (4000.0, 3000.0)]
     assert state["groups"] == [["dev000"], [HOSTILE]]
     kinds = [(e["round"], e["kind"]) for e in state["events"]]
     assert (1, "refused") in kinds and (2, "skipped") in kinds and (2, "retries") in kinds
