@@ -12,6 +12,7 @@ coordinator's state.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -22,6 +23,7 @@ from server.dashboard.live import LiveView
 from server.dashboard.state import FleetEntry, page_state
 
 TICK_S = 0.5
+log = logging.getLogger("covey.dashboard")
 
 
 class DashboardFeed:
@@ -45,6 +47,7 @@ class DashboardFeed:
         self.status = "registering"
         self.round_in_progress: int | None = None
         self._last = float("-inf")
+        self._failing = False
 
     def set_results(self, doc: Mapping[str, Any]) -> None:
         """The run's results as just written (:func:`server.records.run_document`)."""
@@ -61,11 +64,21 @@ class DashboardFeed:
             self.publish()
 
     def publish(self) -> None:
+        """Publish the state now. It runs on the coordinator's thread, so nothing it
+        meets may stop the run: a failure is logged (once in a row) and the page keeps
+        its last state."""
         self._last = self.clock()
-        state = page_state(
-            self.doc, live=list(self.boards()), status=self.status, round_in_progress=self.round_in_progress
-        )
-        self.view.publish(state)
+        try:
+            state = page_state(
+                self.doc, live=list(self.boards()), status=self.status, round_in_progress=self.round_in_progress
+            )
+            self.view.publish(state)
+        except Exception as exc:  # the page is a view: the run goes on without it
+            if not self._failing:
+                log.warning("the dashboard could not show the run's state (%s: %s)", type(exc).__name__, exc)
+            self._failing = True
+        else:
+            self._failing = False
 
 
 class ResultsFileFeed:

@@ -159,3 +159,15 @@ def test_a_results_file_feed_follows_the_file_and_skips_a_half_written_one(tmp_p
     feed.finish()
     state = json.loads(view.current()[1])
     assert state["run"]["status"] == "finished" and state["run"]["round_in_progress"] is None
+
+
+def test_a_state_the_page_cannot_take_never_stops_the_run(caplog: pytest.LogCaptureFixture) -> None:
+    from server.dashboard.feed import DashboardFeed
+
+    view = LiveView()
+    feed = DashboardFeed(view, lambda: [FleetEntry("dev000", True, float("nan"))])
+    feed.set_results({"rounds": [{"round": 1, "server_accuracy": 0.5, "extra": {"retries": float("nan")}}]})
+    feed.boards = lambda: (_ for _ in ()).throw(RuntimeError("registry changed size"))  # type: ignore[assignment]
+    feed.publish()  # no exception reaches the coordinator's thread
+    assert "could not show the run's state" in caplog.text
+    assert json.loads(view.current()[1])["run"]["rounds_done"] == 1  # the last good state stays
