@@ -30,18 +30,19 @@ def field_dashboard(address: str | None, results: Path, title: str) -> Iterator[
         yield
         return
     from server.dashboard.feed import ResultsFileFeed
-    from server.dashboard.live import DashboardServer, LiveView, parse_address
+    from server.dashboard.live import DashboardServer, LiveView, keep_url, parse_address
 
     view = LiveView()
     server = DashboardServer(view, parse_address(address), title).start()
-    feed = ResultsFileFeed(view, results).start()
-    print(f"dashboard: {server.url}", flush=True)
-    results.parent.mkdir(parents=True, exist_ok=True)
-    (results.parent / "dashboard-url").write_text(server.url + "\n")  # as `covey server run` keeps it
     try:
-        yield
+        feed = ResultsFileFeed(view, results).start()
+        print(f"dashboard: {server.url}", flush=True)
+        keep_url(results.parent / "dashboard-url", server.url)  # as `covey server run` keeps it
+        try:
+            yield
+        finally:
+            feed.finish()
     finally:
-        feed.finish()
         server.close()
 
 

@@ -22,6 +22,7 @@ from device.data import Dataset, read_leaf
 from device.errors import ConfigError
 from server.coordinator.config import CoordinatorConfig
 from server.coordinator.coordinator import Coordinator
+from server.dashboard.live import keep_url
 from server.records import run_document, write_run
 from server.run_config import RunConfig, resolve_run
 from server.settings import Setting, Source
@@ -163,8 +164,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             feed.publish()
             coord.on_pump = feed.tick
             print(f"dashboard: {dashboard.url}", flush=True)
-            c.state_dir.mkdir(parents=True, exist_ok=True)  # where to find the page later (its token too)
-            (c.state_dir / "dashboard-url").write_text(dashboard.url + "\n")
+            keep_url(c.state_dir / "dashboard-url", dashboard.url)  # where to find the page later
         coord.connect()
         if o.advertise:
             from device.discovery import advertise
@@ -204,6 +204,12 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 if feed is not None:
                     feed.set_status("running", coord.driver.rnd + 1)
                 rec = coord.step()
+                document = run_document(
+                    records=coord.records,
+                    settings=prepared.settings,
+                    links=coord.backend.links_record(),
+                    devices=coord.registry.boards_record(),
+                )
                 write_run(
                     c.state_dir,
                     RESULTS_STEM,
@@ -211,18 +217,10 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     settings=prepared.settings,
                     title=title,
                     plot=False,
-                    links=coord.backend.links_record(),
-                    devices=coord.registry.boards_record(),
+                    document=document,
                 )
-                if feed is not None:  # the round as results.json has it, on the page within a tick
-                    feed.set_results(
-                        run_document(
-                            records=coord.records,
-                            settings=prepared.settings,
-                            links=coord.backend.links_record(),
-                            devices=coord.registry.boards_record(),
-                        )
-                    )
+                if feed is not None:  # the round as results.json has it, on the page at once
+                    feed.set_results(document)
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
                 bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)

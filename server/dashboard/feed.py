@@ -59,8 +59,9 @@ class DashboardFeed:
         self.publish()
 
     def tick(self) -> None:
-        """Publish if :data:`TICK_S` passed since the last time (the message pump's hook)."""
-        if self.clock() - self._last >= TICK_S:
+        """Publish if :data:`TICK_S` passed since the last time and a page is open (the
+        message pump's hook; rounds and status changes publish whether or not)."""
+        if self.view.listeners and self.clock() - self._last >= TICK_S:
             self.publish()
 
     def publish(self) -> None:
@@ -122,13 +123,18 @@ class ResultsFileFeed:
             doc = json.loads(self.results.read_text())
         except (OSError, ValueError):  # caught mid-write by another writer: the next poll reads it
             return
+        if not isinstance(doc, dict):
+            return
         self._seen, self._doc, self.status = (st.st_mtime_ns, st.st_size), doc, "running"
         self.publish()
 
     def publish(self) -> None:
         rounds = len(self._doc.get("rounds", [])) if isinstance(self._doc, Mapping) else 0
         running = rounds + 1 if self.status == "running" else None
-        self.view.publish(page_state(self._doc, status=self.status, round_in_progress=running))
+        try:
+            self.view.publish(page_state(self._doc, status=self.status, round_in_progress=running))
+        except Exception as exc:  # a file the page cannot show: keep the last state, say so once
+            log.warning("the dashboard could not show %s (%s: %s)", self.results, type(exc).__name__, exc)
 
     def finish(self) -> None:
         """The run is over: a last read, status finished, no more polling."""

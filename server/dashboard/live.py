@@ -19,7 +19,9 @@ import hmac
 import ipaddress
 import json
 import logging
+import os
 import secrets
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -34,6 +36,8 @@ from server.dashboard.page import STATIC, live_page
 
 log = logging.getLogger("covey.dashboard")
 KEEPALIVE_S = 15.0
+MAX_STREAMS = 32  # open pages at once; more get 503 (each holds a thread and a socket)
+REQUEST_TIMEOUT_S = 10.0  # a client that sends nothing is dropped, not waited for
 STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
 
 
@@ -44,6 +48,8 @@ class LiveView:
         self._cond = threading.Condition()
         self._text = "{}"
         self.version = 0
+        self.closed = False
+        self.listeners = 0  # open event streams (a feed may skip work when there are none)
 
     def publish(self, state: Mapping[str, Any]) -> None:
         """Set the state (a change wakes every stream; the same state again does not)."""
@@ -59,10 +65,17 @@ class LiveView:
             return self.version, self._text
 
     def wait_newer(self, version: int, timeout: float) -> tuple[int, str]:
-        """The state once its version passes ``version``, or the current one after ``timeout``."""
+        """The state once its version passes ``version`` (or the view closes), or the
+        current one after ``timeout``."""
         with self._cond:
-            self._cond.wait_for(lambda: self.version != version, timeout)
+            self._cond.wait_for(lambda: self.version != version or self.closed, timeout)
             return self.version, self._text
+
+    def close(self) -> None:
+        """Wake and end every stream."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
 
 
 @dataclass(frozen=True)
@@ -76,6 +89,15 @@ class Address:
             return ipaddress.ip_address(self.host).is_loopback
         except ValueError:
             return self.host == "localhost"
+
+
+def keep_url(path: Path, url: str) -> None:
+    """Write the page's address (with its token) where only this user can read it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(url + "\n")
+    os.chmod(path, 0o600)
 
 
 def parse_address(text: str) -> Address:
@@ -109,14 +131,20 @@ class DashboardServer:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = REQUEST_TIMEOUT_S
+
             def log_message(self, format: str, *args: Any) -> None:
-                log.debug("dashboard: " + format, *args)
+                log.debug("dashboard: %s", (format % args).split("token=")[0])  # never the token
 
             def do_GET(self) -> None:
                 server.handle(self)
 
+        class Server(ThreadingHTTPServer):
+            address_family = socket.AF_INET6 if ":" in address.host else socket.AF_INET
+
+        self.streams = threading.BoundedSemaphore(MAX_STREAMS)
         try:
-            self.httpd = ThreadingHTTPServer((address.host, address.port), Handler)
+            self.httpd = Server((address.host, address.port), Handler)
         except OSError as exc:
             raise ConfigError(f"cannot serve the dashboard on {address.host}:{address.port}: {exc.strerror}") from None
         self.httpd.daemon_threads = True
@@ -135,9 +163,9 @@ class DashboardServer:
 
     def close(self) -> None:
         self.stopping.set()
-        with self.view._cond:  # wake the streams so they end
-            self.view._cond.notify_all()
-        self.httpd.shutdown()
+        self.view.close()  # wake the streams so they end
+        if self.thread.is_alive():
+            self.httpd.shutdown()
         self.httpd.server_close()
 
     # -- requests -------------------------------------------------------------------------
@@ -147,9 +175,23 @@ class DashboardServer:
         given = (query.get("token") or [""])[0]
         return hmac.compare_digest(given.encode(), self.token.encode())
 
+    def _host_allowed(self, req: BaseHTTPRequestHandler) -> bool:
+        """On loopback, only a loopback ``Host``: a web page the operator visits cannot
+        rebind its own name to 127.0.0.1 and read the run (DNS rebinding)."""
+        if self.token is not None:
+            return True  # off loopback the token guards every request
+        host = (req.headers.get("Host") or "").rsplit(":", 1)[0].strip("[]").lower()
+        return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
     def handle(self, req: BaseHTTPRequestHandler) -> None:
         parts = urlsplit(req.path)
         query = parse_qs(parts.query)
+        if not self._host_allowed(req):
+            self._send(req, HTTPStatus.FORBIDDEN, "text/plain; charset=utf-8", b"open the page by a loopback address\n")
+            return
+        if parts.path.startswith("/static/"):  # covey's own scripts and styles: public, no token
+            self._static(req, parts.path.removeprefix("/static/"))
+            return
         if not self._allowed(query):
             self._send(req, HTTPStatus.FORBIDDEN, "text/plain; charset=utf-8", b"a token is needed (?token=...)\n")
             return
@@ -160,8 +202,6 @@ class DashboardServer:
             self._send(req, HTTPStatus.OK, "application/json", self.view.current()[1].encode())
         elif parts.path == "/events":
             self._stream(req)
-        elif parts.path.startswith("/static/"):
-            self._static(req, parts.path.removeprefix("/static/"))
         else:
             self._send(req, HTTPStatus.NOT_FOUND, "text/plain; charset=utf-8", b"not found\n")
 
@@ -181,16 +221,27 @@ class DashboardServer:
         req.send_header("X-Content-Type-Options", "nosniff")
         req.send_header("Content-Security-Policy", CSP)
         req.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
+        req.send_header("Referrer-Policy", "no-referrer")
         req.end_headers()
-        req.wfile.write(body)
+        try:
+            req.wfile.write(body)
+        except OSError:  # the client went away
+            return
 
     def _stream(self, req: BaseHTTPRequestHandler) -> None:
-        req.send_response(HTTPStatus.OK)
-        req.send_header("Content-Type", "text/event-stream")
-        req.send_header("Cache-Control", "no-store")
-        req.end_headers()
-        version, text = self.view.current()
+        if not self.streams.acquire(blocking=False):
+            body = f"at most {MAX_STREAMS} pages at once; close one\n".encode()
+            self._send(req, HTTPStatus.SERVICE_UNAVAILABLE, "text/plain; charset=utf-8", body)
+            return
+        with self.view._cond:
+            self.view.listeners += 1
         try:
+            req.send_response(HTTPStatus.OK)
+            req.send_header("Content-Type", "text/event-stream")
+            req.send_header("Cache-Control", "no-store")
+            req.send_header("Referrer-Policy", "no-referrer")
+            req.end_headers()
+            version, text = self.view.current()
             req.wfile.write(f"data: {text}\n\n".encode())
             req.wfile.flush()
             while not self.stopping.is_set():
@@ -201,8 +252,12 @@ class DashboardServer:
                 version = newer
                 req.wfile.write(chunk.encode())
                 req.wfile.flush()
-        except (BrokenPipeError, ConnectionResetError):  # the page closed
+        except OSError:  # the page closed, or its connection failed
             return
+        finally:
+            with self.view._cond:
+                self.view.listeners -= 1
+            self.streams.release()
 
 
 # scripts and styles from this server only; no inline script, no eval, nothing remote

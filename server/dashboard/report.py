@@ -34,5 +34,9 @@ def write_report(path: Path, out: Path | None = None) -> Path:
     source, doc = results_of(path)
     target = out or source.with_name("report.html")
     title = f"covey: {source.parent.name or source.stem}"
-    atomic_write(target, report_page(title, page_state(doc)).encode())
+    try:
+        page = report_page(title, page_state(doc))
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        raise ConfigError(f"{source}: not a run's results the page can show ({type(exc).__name__}: {exc})") from None
+    atomic_write(target, page.encode())
     return target

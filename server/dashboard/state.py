@@ -36,8 +36,24 @@ def _number(value: Any) -> float | None:
 
 
 def _setting(doc: Mapping[str, Any], key: str) -> Any:
-    raw = doc.get("settings", {}).get(key)
+    settings = doc.get("settings")
+    raw = settings.get(key) if isinstance(settings, Mapping) else None
     return raw.get("value") if isinstance(raw, Mapping) else None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _count(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _matrix(raw: Any) -> list[list[float | None]] | None:
+    """A square list of numbers (non-finite ones as ``None``), else ``None``."""
+    if not isinstance(raw, list) or not all(isinstance(row, list) for row in raw):
+        return None
+    return [[_number(v) for v in row] for row in raw]
 
 
 def fleet(doc: Mapping[str, Any], live: Iterable[FleetEntry] = ()) -> list[dict[str, Any]]:
@@ -54,18 +70,18 @@ def fleet(doc: Mapping[str, Any], live: Iterable[FleetEntry] = ()) -> list[dict[
     list of dict
         One per board, sorted by id.
     """
-    devices: Mapping[str, Any] = doc.get("devices") or {}
+    devices = _mapping(doc.get("devices"))
     now = {e.device: e for e in live}
     refusals: dict[str, int] = {}
     for r in doc.get("rounds", []):
         for device, n in (r.get("rejected") or {}).items():
-            refusals[device] = refusals.get(device, 0) + int(n)
+            refusals[str(device)] = refusals.get(str(device), 0) + _count(n)
     out = []
     for device in sorted(set(devices) | set(now) | set(refusals)):
-        record = devices.get(device) or {}
-        platform = record.get("platform") or {}
-        telemetry = record.get("telemetry") or []
-        last = telemetry[-1] if telemetry else {}
+        record = _mapping(devices.get(device))
+        platform = _mapping(record.get("platform"))
+        telemetry = record.get("telemetry") if isinstance(record.get("telemetry"), list) else []
+        last = _mapping(telemetry[-1] if telemetry else None)
         entry = now.get(device)
         out.append(
             {
@@ -98,8 +114,9 @@ def events(rounds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             out.append({"round": rnd, "kind": "skipped", "detail": f"{r['skipped']} member(s) missed the deadline"})
         extra = r.get("extra") or {}
         for key, label in (("retries", "planned again"), ("clipped", "updates clipped"), ("failed_round", "no result")):
-            if extra.get(key):
-                out.append({"round": rnd, "kind": key, "detail": f"{label}: {extra[key]:g}"})
+            value = _number(extra.get(key))
+            if value:
+                out.append({"round": rnd, "kind": key, "detail": f"{label}: {value:g}"})
     return out[-MAX_EVENTS:]
 
 
@@ -108,8 +125,14 @@ def links(doc: Mapping[str, Any]) -> dict[str, Any] | None:
     raw = doc.get("links")
     if not isinstance(raw, Mapping) or not raw.get("ids"):
         return None
-    keep = ("ids", "snr_db", "snr_source", "rtt_ms", "rtt_source", "bandwidth_hz")
-    return {k: raw.get(k) for k in keep}
+    ids = [str(i) for i in raw["ids"]] if isinstance(raw["ids"], list) else []
+    return {
+        "ids": ids,
+        "snr_db": _matrix(raw.get("snr_db")),
+        "snr_source": raw.get("snr_source") if isinstance(raw.get("snr_source"), list) else None,
+        "rtt_ms": _matrix(raw.get("rtt_ms")),
+        "rtt_source": raw.get("rtt_source") if isinstance(raw.get("rtt_source"), list) else None,
+    }
 
 
 def page_state(
@@ -135,18 +158,21 @@ def page_state(
         (:func:`fleet`), ``rounds`` (the curves' fields per round), ``groups`` (the
         last round's), ``links`` (:func:`links`) and ``events`` (:func:`events`).
     """
-    rounds = list(doc.get("rounds", []))
-    curves = [{"round": r.get("round"), **{k: _number(r.get(k)) for k in CURVE_KEYS}} for r in rounds]
+    rounds = [r for r in doc.get("rounds", []) if isinstance(r, Mapping)]
+    curves = [{"round": _number(r.get("round")), **{k: _number(r.get(k)) for k in CURVE_KEYS}} for r in rounds]
     for row, r in zip(curves, rounds, strict=True):
-        row["trained"], row["skipped"], row["n_groups"] = r.get("trained"), r.get("skipped"), r.get("n_groups")
+        row["trained"], row["skipped"], row["n_groups"] = (_count(r.get(k)) for k in ("trained", "skipped", "n_groups"))
         extra = r.get("extra") or {}
         for kind in ("down", "up"):  # model frames as they crossed the wire, in the run's codec
             row[f"wire_bytes_{kind}"] = _number(extra.get(f"wire_bytes_{kind}"))
     last = rounds[-1] if rounds else {}
+    planned = _count(_setting(doc, "rounds")) or None
+    if round_in_progress is not None and planned is not None:
+        round_in_progress = min(round_in_progress, planned)
     return {
         "run": {
             "strategy": str(_setting(doc, "strategy") or ""),
-            "rounds_planned": _setting(doc, "rounds"),
+            "rounds_planned": planned,
             "rounds_done": len(rounds),
             "round_in_progress": round_in_progress,
             "status": status,
@@ -154,8 +180,8 @@ def page_state(
         },
         "fleet": fleet(doc, live),
         "rounds": curves,
-        "groups": [[str(m) for m in g] for g in last.get("groups", [])],
-        "handoff": dict(last.get("handoff") or {}),
+        "groups": [[str(m) for m in g] for g in last.get("groups", []) if isinstance(g, list)],
+        "handoff": {str(k): _count(v) for k, v in (last.get("handoff") or {}).items()},
         "links": links(doc),
         "events": events(rounds),
     }

@@ -171,3 +171,43 @@ def test_a_state_the_page_cannot_take_never_stops_the_run(caplog: pytest.LogCapt
     feed.publish()  # no exception reaches the coordinator's thread
     assert "could not show the run's state" in caplog.text
     assert json.loads(view.current()[1])["run"]["rounds_done"] == 1  # the last good state stays
+
+
+def test_scripts_are_public_but_a_rebound_name_is_refused_on_loopback() -> None:
+    view = LiveView()
+    view.publish(page_state(doc()))
+    remote = DashboardServer(view, Address("0.0.0.0", 0), "t").start()
+    local = DashboardServer(view, Address("127.0.0.1", 0), "t").start()
+    try:
+        # off loopback: the page's own scripts need no token (the page is useless without them)
+        with urllib.request.urlopen(f"http://127.0.0.1:{remote.address.port}/static/dashboard.js", timeout=5) as r:
+            assert r.status == 200 and r.headers["Referrer-Policy"] == "no-referrer"
+        # on loopback: a page whose name was rebound to 127.0.0.1 cannot read the run
+        rebound = urllib.request.Request(
+            f"http://127.0.0.1:{local.address.port}/state", headers={"Host": "evil.example"}
+        )
+        with pytest.raises(HTTPError) as refused:
+            urllib.request.urlopen(rebound, timeout=5)
+        assert refused.value.code == 403
+        with urllib.request.urlopen(f"http://localhost:{local.address.port}/state", timeout=5) as r:
+            assert json.loads(r.read())["run"]["rounds_done"] == 2
+    finally:
+        remote.close()
+        local.close()
+    DashboardServer(LiveView(), Address("127.0.0.1", 0), "t").close()  # never started: closes at once
+
+
+def test_a_hand_edited_results_file_still_makes_a_report(tmp_path: Path) -> None:
+    edited = doc()
+    edited["links"] = {"ids": ["dev000", "dev001"], "snr_db": [[float("nan"), 3.0], ["x", 1.0]], "rtt_ms": None}
+    edited["rounds"][0]["rejected"] = {"dev001": "many"}
+    edited["rounds"][1]["extra"] = {"retries": "twice"}
+    edited["settings"] = ["not", "a", "table"]
+    (tmp_path / "results.json").write_text(json.dumps(edited))  # NaN as Python writes it
+    assert main(["report", str(tmp_path)]) == 0
+    state = json.loads(
+        report_page("t", page_state(json.loads((tmp_path / "results.json").read_text())))
+        .split('id="covey-state">', 1)[1]
+        .split("</script>", 1)[0]
+    )
+    assert state["links"]["snr_db"] == [[None, 3.0], [None, 1.0]] and state["run"]["rounds_planned"] is None

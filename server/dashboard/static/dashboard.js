@@ -46,11 +46,12 @@
       cell(row, b.throttled === null ? "–" : b.throttled ? "yes (0x" + b.throttled.toString(16) + ")" : "no");
       const refused = cell(row, b.refusals);
       if (b.refusals > 0) refused.className = "bad";
-      if (b.online !== false) online += 1;
+      if (b.online === true) online += 1;
       body.appendChild(row);
     }
     text($("device-count"), fleet.length);
-    text($("online-count"), online);
+    // a report, or a field test's page, does not know who is online
+    text($("online-count"), fleet.some((b) => b.online !== null) ? online : "–");
   }
 
   function ageSeen() {
@@ -90,6 +91,11 @@
 
   function chart(name, el, title, labels, data, scale) {
     const width = Math.max(320, Math.min(720, el.clientWidth || 640));
+    const key = title + "|" + labels.join("|");
+    if (charts[name] && charts[name].coveyKey !== key) {
+      charts[name].destroy(); // the series changed (modelled bytes became wire bytes): draw it anew
+      delete charts[name];
+    }
     if (!charts[name]) {
       const colours = ["#1f77b4", "#ff7f0e", "#2ca02c"];
       const opts = {
@@ -101,6 +107,7 @@
         series: [{ label: "round" }].concat(labels.map((l, i) => ({ label: l, stroke: colours[i], width: 2 }))),
       };
       charts[name] = new uPlot(opts, data, el);
+      charts[name].coveyKey = key;
     } else {
       charts[name].setData(data);
     }
@@ -130,13 +137,21 @@
     const n = ids.length;
     const margin = 4;
     const size = (Math.min(canvas.width, canvas.height) - 2 * margin) / n;
-    const values = matrix.flat().filter((v) => typeof v === "number");
-    const lo = Math.min.apply(null, values);
-    const hi = Math.max.apply(null, values);
+    let lo = Infinity;
+    let hi = -Infinity;
+    for (const row of matrix) {
+      for (const v of row || []) {
+        if (typeof v === "number") {
+          lo = Math.min(lo, v);
+          hi = Math.max(hi, v);
+        }
+      }
+    }
+    if (lo > hi) return; // nothing measured
     text(caption, unit + ": " + lo.toFixed(1) + " (blue) to " + hi.toFixed(1) + " (red)");
     order.forEach((i, r) => {
       order.forEach((j, c) => {
-        const v = matrix[i][j];
+        const v = matrix[i] ? matrix[i][j] : null;
         if (typeof v === "number") {
           const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
           ctx.fillStyle = "hsl(" + (240 - 200 * t).toFixed(0) + ", 70%, 55%)";
