@@ -160,7 +160,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
 
             view = LiveView()
             dashboard = DashboardServer(view, parse_address(o.dashboard), f"covey: {o.strategy} on {c.run}").start()
-            feed = DashboardFeed(view, coord.registry.fleet_entries)
+            feed = DashboardFeed(view, coord.registry.fleet_entries, progress=coord.execution.progress)
             feed.publish()
             coord.on_pump = feed.tick
             print(f"dashboard: {dashboard.url}", flush=True)

@@ -34,6 +34,8 @@ class DashboardFeed:
     view : where the page's state goes.
     boards : the coordinator's boards now (called on the coordinator's thread).
     clock : monotonic seconds (the registry's ``last_seen`` clock).
+    progress : where the round is, group by group
+        (:meth:`~server.execution.round.RoundExecution.progress`).
     """
 
     def __init__(
@@ -41,8 +43,9 @@ class DashboardFeed:
         view: LiveView,
         boards: Callable[[], Iterable[FleetEntry]],
         clock: Callable[[], float] = time.monotonic,
+        progress: Callable[[], list[dict[str, Any]]] | None = None,
     ) -> None:
-        self.view, self.boards, self.clock = view, boards, clock
+        self.view, self.boards, self.clock, self.progress = view, boards, clock, progress
         self.doc: Mapping[str, Any] = {}
         self.status = "registering"
         self.round_in_progress: int | None = None
@@ -73,6 +76,8 @@ class DashboardFeed:
             state = page_state(
                 self.doc, live=list(self.boards()), status=self.status, round_in_progress=self.round_in_progress
             )
+            if self.progress is not None and self.status == "running":
+                state["progress"] = self.progress()
             self.view.publish(state)
         except Exception as exc:  # the page is a view: the run goes on without it
             if not self._failing:

@@ -31,7 +31,8 @@ BODY = """<header>
     <table id="fleet"><thead><tr><th>board</th><th>arch</th><th>interpreter</th><th>online</th><th>last seen</th>
     <th>peak MB</th><th>CPU °C</th><th>throttled</th><th>refusals</th></tr></thead><tbody></tbody></table></section>
   <section id="round-panel"><h2>Round <span id="round">0</span> of <span id="rounds-planned">?</span></h2>
-    <p id="round-detail"></p><p>groups as the strategy reports them:</p><ol id="groups"></ol></section>
+    <p id="round-detail"></p><ul id="progress"></ul>
+    <p>groups as the strategy reports them:</p><ol id="groups"></ol></section>
   <section id="learning-panel"><h2>Learning</h2>
     <p>last server accuracy <b id="last-server-accuracy">–</b>, federated <b id="last-federated-accuracy">–</b></p>
     <div id="accuracy-chart"></div><div id="bytes-chart"></div></section>

@@ -184,4 +184,5 @@ def page_state(
         "handoff": {str(k): _count(v) for k, v in (last.get("handoff") or {}).items()},
         "links": links(doc),
         "events": events(rounds),
+        "progress": [],  # a live run's round, group by group (server/dashboard/feed.py)
     }

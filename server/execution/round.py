@@ -282,6 +282,32 @@ class RoundExecution:
         for m in self.managers:
             m.resend_outstanding(now)
 
+    def progress(self) -> list[dict[str, object]]:
+        """Where this round is, group by group (for people: the live dashboard): each
+        member's state in plan order (``done``, ``skipped``, ``refused``, or ``waiting``;
+        a chain's first waiting member is the one training) and the seconds left before
+        the group's current deadline."""
+        now = self.clock()
+        out: list[dict[str, object]] = []
+        if all(m.done for m in self.managers):  # between rounds: nothing is awaited
+            return out
+        for m in self.managers:
+            states = [
+                "skipped" if x.skipped else "refused" if x.refused else "done" if x.reported else "waiting"
+                for x in m.members
+            ]
+            left = m.deadline - now
+            out.append(
+                {
+                    "group": m.plan.group_id,
+                    "mode": m.plan.mode,
+                    "members": [[x.device, state] for x, state in zip(m.members, states, strict=True)],
+                    "done": m.done,
+                    "deadline_in_s": round(left) if left != float("inf") and not m.done else None,
+                }
+            )
+        return out
+
     def handoff_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for m in self.managers:

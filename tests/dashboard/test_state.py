@@ -211,3 +211,23 @@ def test_a_hand_edited_results_file_still_makes_a_report(tmp_path: Path) -> None
         .split("</script>", 1)[0]
     )
     assert state["links"]["snr_db"] == [[None, 3.0], [None, 1.0]] and state["run"]["rounds_planned"] is None
+
+
+def test_a_live_round_shows_who_it_waits_on() -> None:
+    from server.dashboard.feed import DashboardFeed
+
+    view = LiveView()
+    waiting = [
+        {
+            "group": 0,
+            "mode": "chain",
+            "members": [["dev000", "done"], ["dev001", "waiting"]],
+            "done": False,
+            "deadline_in_s": 84,
+        }
+    ]
+    feed = DashboardFeed(view, lambda: [], progress=lambda: waiting)
+    feed.set_status("running", 1)
+    assert json.loads(view.current()[1])["progress"] == waiting
+    feed.set_status("finished")
+    assert json.loads(view.current()[1])["progress"] == []

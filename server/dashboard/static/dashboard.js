@@ -76,6 +76,22 @@
       if (hand) parts.push("hand-offs " + hand);
     }
     text($("round-detail"), parts.join("; ") || "no round recorded yet");
+    const now = $("progress");
+    now.replaceChildren();
+    for (const g of state.progress || []) {
+      // a chain trains one member at a time: its first waiting member is the one at work
+      let first = g.mode === "chain";
+      const parts = g.members.map(([device, st]) => {
+        let shown = st;
+        if (st === "waiting" && (first || g.mode !== "chain")) shown = "training";
+        if (st === "waiting" && g.mode === "chain") first = false;
+        return device + " " + shown;
+      });
+      const li = document.createElement("li");
+      const due = g.deadline_in_s === null ? "" : "; deadline in " + g.deadline_in_s + " s";
+      text(li, "now, group " + g.group + " (" + g.mode + "): " + parts.join(", ") + (g.done ? "; done" : due));
+      now.appendChild(li);
+    }
     const list = $("groups");
     list.replaceChildren();
     for (const g of state.groups) {
