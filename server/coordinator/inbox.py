@@ -249,7 +249,7 @@ class Inbox:
             raise ProtocolError(f"result from {device} for task {body.task_id!r} that no group expects")
         else:
             self._note_counts(rec, body.class_counts)
-            self.registry.note_telemetry(device, msg.round, body.telemetry)
+            self.registry.note_telemetry(device, msg.round, body.telemetry, body.train_seconds)
             if body.inbound is not None:
                 self._on_inbound(device, body.task_id, body.inbound)
 

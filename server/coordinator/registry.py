@@ -39,6 +39,7 @@ class DeviceRecord:
     codecs: tuple[str, ...] = ()  # the frame codecs its register listed (none: an agent from before codecs)
     platform: Platform | None = None  # what the board says it is (for people only: never trusted)
     telemetry: dict[int, Telemetry] = field(default_factory=dict)  # round -> how its training went
+    train_seconds: dict[int, float] = field(default_factory=dict)  # round -> its training's seconds (its word)
 
 
 # The most rounds of telemetry kept per device (the latest): results.json stays small.
@@ -99,15 +100,22 @@ class Registry:
         )
         return info
 
-    def note_telemetry(self, device: str, rnd: int, telemetry: Telemetry | None) -> None:
-        """Keep what ``device`` reported of its training in round ``rnd`` (the latest
-        :data:`MAX_TELEMETRY_ROUNDS` rounds)."""
+    def note_telemetry(
+        self, device: str, rnd: int, telemetry: Telemetry | None, train_seconds: float | None = None
+    ) -> None:
+        """Keep what ``device`` reported of its training in round ``rnd``: its telemetry
+        and how long it trained (the latest :data:`MAX_TELEMETRY_ROUNDS` rounds; for
+        people only, as the board says it)."""
         record = self.devices.get(device)
-        if record is None or telemetry is None:
+        if record is None:
             return
-        record.telemetry[rnd] = telemetry
-        while len(record.telemetry) > MAX_TELEMETRY_ROUNDS:
-            del record.telemetry[min(record.telemetry)]
+        if telemetry is not None:
+            record.telemetry[rnd] = telemetry
+        if train_seconds is not None:
+            record.train_seconds[rnd] = float(train_seconds)
+        for kept in (record.telemetry, record.train_seconds):
+            while len(kept) > MAX_TELEMETRY_ROUNDS:
+                del kept[min(kept)]
 
     def fleet_summary(self) -> str:
         """One line: how many boards of each kind, e.g. ``6 boards: 4 aarch64 LiteRT
@@ -130,6 +138,7 @@ class Registry:
                 "platform": asdict(record.platform) if record.platform is not None else None,
                 "runtime": record.runtime,
                 "telemetry": [{"round": rnd, **asdict(t)} for rnd, t in sorted(record.telemetry.items())],
+                "train_seconds": [[rnd, s] for rnd, s in sorted(record.train_seconds.items())],
             }
             for device, record in sorted(self.devices.items())
         }

@@ -29,7 +29,8 @@ BODY = """<header>
   <section id="fleet-panel">
     <h2>Fleet: <span id="device-count">0</span> boards, <span id="online-count">0</span> online</h2>
     <table id="fleet"><thead><tr><th>board</th><th>arch</th><th>interpreter</th><th>online</th><th>last seen</th>
-    <th>peak MB</th><th>CPU °C</th><th>throttled</th><th>refusals</th></tr></thead><tbody></tbody></table></section>
+    <th>train s</th><th>peak MB</th><th>CPU °C</th><th>throttled</th><th>refusals</th></tr></thead>
+    <tbody></tbody></table></section>
   <section id="round-panel"><h2>Round <span id="round">0</span> of <span id="rounds-planned">?</span></h2>
     <p id="round-detail"></p><ul id="progress"></ul>
     <p>groups as the strategy reports them:</p><ol id="groups"></ol></section>

@@ -82,6 +82,8 @@ def fleet(doc: Mapping[str, Any], live: Iterable[FleetEntry] = ()) -> list[dict[
         platform = _mapping(record.get("platform"))
         telemetry = record.get("telemetry") if isinstance(record.get("telemetry"), list) else []
         last = _mapping(telemetry[-1] if telemetry else None)
+        trained = record.get("train_seconds") if isinstance(record.get("train_seconds"), list) else []
+        last_train = trained[-1] if trained and isinstance(trained[-1], list) and len(trained[-1]) == 2 else None
         entry = now.get(device)
         out.append(
             {
@@ -90,6 +92,7 @@ def fleet(doc: Mapping[str, Any], live: Iterable[FleetEntry] = ()) -> list[dict[
                 "backend": " ".join(str(platform.get(k, "")) for k in ("backend", "backend_version")).strip(),
                 "online": None if entry is None else entry.online,
                 "last_seen_at": None if entry is None else _number(entry.last_seen_at),
+                "train_s": None if last_train is None else _number(last_train[1]),
                 "peak_rss_mb": _number(last.get("peak_rss_mb")),
                 "cpu_temp_c": _number(last.get("cpu_temp_c")),
                 "throttled": last.get("throttled") if isinstance(last.get("throttled"), int) else None,

@@ -50,6 +50,7 @@ def doc() -> dict:
         "dev000": {
             "platform": {"machine": "aarch64", "backend": "ai_edge_litert", "backend_version": "2.3.0"},
             "telemetry": [{"round": 2, "peak_rss_mb": 80.5, "cpu_temp_c": 51.0, "throttled": 0}],
+            "train_seconds": [[1, 3.5], [2, 4.25]],
         },
         "dev001": {"platform": None, "telemetry": []},
     }
@@ -64,6 +65,7 @@ def test_the_page_state_counts_refusals_per_board_and_lists_what_happened() -> N
     assert fleet["dev001"]["refusals"] == 3 and fleet["dev001"]["online"] is False
     assert fleet["dev000"]["machine"] == "aarch64" and fleet["dev000"]["backend"] == "ai_edge_litert 2.3.0"
     assert fleet["dev000"]["peak_rss_mb"] == 80.5 and fleet["dev000"]["last_seen_at"] == 1.8e9
+    assert fleet["dev000"]["train_s"] == 4.25 and fleet["dev001"]["train_s"] is None  # its last round's
     assert state["run"]["rounds_done"] == 2 and state["run"]["rounds_planned"] == 5
     assert [r["server_accuracy"] for r in state["rounds"]] == [0.2, 0.4]
     wire = [(r["wire_bytes_down"], r["wire_bytes_up"]) for r in state["rounds"]]

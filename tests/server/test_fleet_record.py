@@ -44,7 +44,7 @@ def test_telemetry_is_kept_per_round_across_a_new_registration_and_bounded(monke
     registry.register("a", Register(10, 0, (4, 6), "ai_edge_litert", 100, platform=ARM64))
     for rnd in (3, 4):
         registry.note_telemetry("a", rnd, Telemetry(peak_rss_mb=100.0 + rnd))
-    registry.note_telemetry("a", 5, None)
+    registry.note_telemetry("a", 5, None, train_seconds=2.5)
     registry.note_telemetry("stranger", 5, Telemetry(peak_rss_mb=1.0))
     record = registry.boards_record()
 
@@ -53,3 +53,4 @@ def test_telemetry_is_kept_per_round_across_a_new_registration_and_bounded(monke
     assert [t["round"] for t in record["a"]["telemetry"]] == [2, 3, 4]
     assert record["a"]["telemetry"][0]["cpu_temp_c"] == 50.0
     assert record["a"]["platform"]["machine"] == "aarch64"
+    assert record["a"]["train_seconds"] == [[5, 2.5]]  # kept without telemetry too

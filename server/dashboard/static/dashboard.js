@@ -41,6 +41,7 @@
         seen.dataset.seenAt = String(b.last_seen_at);
         seen.className = "seen";
       }
+      cell(row, b.train_s === null ? "–" : b.train_s.toFixed(1));
       cell(row, b.peak_rss_mb === null ? "–" : b.peak_rss_mb.toFixed(0));
       cell(row, b.cpu_temp_c === null ? "–" : b.cpu_temp_c.toFixed(1));
       cell(row, b.throttled === null ? "–" : b.throttled ? "yes (0x" + b.throttled.toString(16) + ")" : "no");
