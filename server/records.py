@@ -109,9 +109,11 @@ def run_document(
     settings: Mapping[str, Setting],
     links: Mapping[str, Any] | None = None,
     devices: Mapping[str, Any] | None = None,
+    run_events: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A run's ``results.json`` as plain JSON values (no NaN: ``None``): its settings,
-    summary and rounds, and the links and boards where given (:func:`write_run`)."""
+    summary and rounds, and the links, boards and run events (resumed, reconnected)
+    where given (:func:`write_run`)."""
     doc: dict[str, Any] = {
         "settings": {k: s.as_dict() for k, s in sorted(settings.items())},
         "summary": summary(records),
@@ -121,6 +123,8 @@ def run_document(
         doc["links"] = dict(links)
     if devices is not None:
         doc["devices"] = dict(devices)
+    if run_events:
+        doc["run_events"] = [dict(e) for e in run_events]
     plain: dict[str, Any] = json.loads(json.dumps(strict_json_values(doc), default=_json_default, allow_nan=False))
     return plain
 

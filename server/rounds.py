@@ -226,7 +226,10 @@ class RoundDriver:
             log.warning("round %d: the new global model is not applied: %s", self.rnd, why)
             self.strategy.global_weights = before
             self.refusals.refuse(AGGREGATE_REASON)
-        fed_acc, fed_loss = self.federated_evaluation() if self._federated_due() else (float("nan"), float("nan"))
+        by_group: dict[int, float] = {}
+        due = self._federated_due()
+        fed_acc, fed_loss = self.federated_evaluation(by_group) if due else (float("nan"), float("nan"))
+        extra.update({f"group_acc_{g}": acc for g, acc in sorted(by_group.items())})
         srv_acc, srv_loss = (float("nan"), float("nan"))
         if self.server_eval is not None and self.strategy.global_weights is not None:
             srv_acc, srv_loss = self.server_eval(self.strategy.global_weights)
@@ -356,15 +359,24 @@ class RoundDriver:
         every = self.federated_eval_every
         return every > 0 and (self.rnd % every == 0 or self.rnd == self.last_round)
 
-    def federated_evaluation(self) -> tuple[float, float]:
-        """Weighted test accuracy and loss, every client with the model it would use now."""
-        return federated_evaluation(self.strategy, self.context, self.backend, self.rnd)
+    def federated_evaluation(self, by_group: dict[int, float] | None = None) -> tuple[float, float]:
+        """Weighted test accuracy and loss, every client with the model it would use now
+        (``by_group``, if given, gets each group model's accuracy over its clients)."""
+        return federated_evaluation(self.strategy, self.context, self.backend, self.rnd, by_group)
 
 
-def federated_evaluation(strategy: Strategy, context: RoundContext, backend: Backend, rnd: int) -> tuple[float, float]:
+def federated_evaluation(
+    strategy: Strategy,
+    context: RoundContext,
+    backend: Backend,
+    rnd: int,
+    by_group: dict[int, float] | None = None,
+) -> tuple[float, float]:
     """The papers' federated accuracy: every client scores the model ``strategy`` would
     give it now on its own test set; the accuracy and loss weighted by test samples.
-    Clients sharing a model are one job (``backend.evaluate`` sends that model once)."""
+    Clients sharing a model are one job (``backend.evaluate`` sends that model once).
+    ``by_group``: filled with each group's accuracy over the clients the strategy puts
+    in it (:meth:`Strategy.group_of`; strategies with group models), for people."""
     strategy.prepare_evaluation(context)
     by_model: dict[int, tuple[np.ndarray, list[str]]] = {}
     for c in sorted(info.client_id for info in backend.clients()):
@@ -372,12 +384,20 @@ def federated_evaluation(strategy: Strategy, context: RoundContext, backend: Bac
         by_model.setdefault(id(m), (m, []))[1].append(c)
     jobs = [EvalJob((m,), tuple(cs), "test") for m, cs in by_model.values()]
     correct = loss = n = 0.0
+    group_counts: dict[int, list[float]] = {}
     for rows in backend.evaluate(jobs, rnd=rnd):
-        for client_rows in rows.values():
+        for client, client_rows in rows.items():
+            group = strategy.group_of(client) if by_group is not None else None
             for row in client_rows:
                 correct += row.correct
                 loss += row.loss * row.n
                 n += row.n
+                if group is not None:
+                    tally = group_counts.setdefault(group, [0.0, 0.0])
+                    tally[0] += row.correct
+                    tally[1] += row.n
+    if by_group is not None and len(group_counts) > 1:  # one group is the global accuracy again
+        by_group.update({g: c / m for g, (c, m) in group_counts.items() if m})
     return (correct / n, loss / n) if n else (float("nan"), float("nan"))
 
 

@@ -209,6 +209,7 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                     settings=prepared.settings,
                     links=coord.backend.links_record(),
                     devices=coord.registry.boards_record(),
+                    run_events=coord.run_events,
                 )
                 write_run(
                     c.state_dir,

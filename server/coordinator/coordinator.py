@@ -229,6 +229,10 @@ class Coordinator:
             return False
         self.round = resumed.done
         self._started = True
+        detail = f"from the checkpoint after round {resumed.done}" + (
+            ", finishing the journaled round" if resumed.plan is not None else ""
+        )
+        self.inbox.run_events.append({"round": resumed.done + 1, "kind": "resumed", "detail": detail})
         if resumed.plan is not None:
             self._resumed_plan = resumed.plan
             self.execution.task_prefix = resumed.task_prefix or self.execution.task_prefix
@@ -252,6 +256,11 @@ class Coordinator:
         self.presence.publish(self._publish, lambda topic, data: self.link.publish(topic, data, retain=True, wait=30.0))
 
     # -- receiving ------------------------------------------------------------------------
+    @property
+    def run_events(self) -> list[dict[str, object]]:
+        """What happened to the run itself: resumed from a checkpoint, reconnected."""
+        return self.inbox.run_events
+
     def pump(self, timeout: float) -> None:
         """Handle one incoming message (if any arrives within ``timeout``): :class:`Inbox`;
         then ``on_pump`` (the dashboard's feed), if set, on this thread."""

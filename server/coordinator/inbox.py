@@ -105,6 +105,8 @@ class Inbox:
         self.requests, self.retained, self.bases = requests, retained, bases
         self.current_round, self.on_client = current_round, on_client
         self.edges = edges
+        # what happened to the run itself, for people (results.json's run_events, the dashboard)
+        self.run_events: list[dict[str, object]] = []
 
     def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
         """Count (by reason, and per registered ``device``) and log what covey did not use."""
@@ -115,6 +117,9 @@ class Inbox:
         if self.bus.reconnected():  # back after losing the broker
             log.warning("connection to the broker is back; sending this round's outstanding work again")
             self.execution.resend_outstanding()
+            self.run_events.append(
+                {"round": self.current_round(), "kind": "reconnected", "detail": "outstanding work sent again"}
+            )
         run = self.settings.run
         for device, t in self.registry.pings_due():  # admission: confirm new devices
             self.publish(self.topics.inbox(device), Message.of(Ping(t), run=run, sender=SERVER_ID).encode(), False)

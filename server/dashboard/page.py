@@ -36,6 +36,7 @@ BODY = """<header>
     <p>groups as the strategy reports them:</p><ol id="groups"></ol></section>
   <section id="learning-panel"><h2>Learning</h2>
     <p>last server accuracy <b id="last-server-accuracy">–</b>, federated <b id="last-federated-accuracy">–</b></p>
+    <p id="group-accuracy"></p>
     <div id="accuracy-chart"></div><div id="bytes-chart"></div></section>
   <section id="links-panel"><h2>Links</h2><p id="links-note"></p>
     <div class="heatmaps">

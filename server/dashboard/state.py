@@ -103,10 +103,15 @@ def fleet(doc: Mapping[str, Any], live: Iterable[FleetEntry] = ()) -> list[dict[
     return out
 
 
-def events(rounds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def events(rounds: Sequence[Mapping[str, Any]], run_events: Any = ()) -> list[dict[str, Any]]:
     """What went wrong or was done about it, round by round: refusals by reason and
-    by board, skipped members, retries, clipped updates, failed rounds."""
+    by board, skipped members, retries, clipped updates, failed rounds; and what
+    happened to the run itself (``run_events``: resumed from a checkpoint, reconnected)."""
     out: list[dict[str, Any]] = []
+    for e in run_events if isinstance(run_events, list) else []:
+        if isinstance(e, Mapping):
+            kind, detail = str(e.get("kind", "")), str(e.get("detail", ""))
+            out.append({"round": _number(e.get("round")), "kind": kind, "detail": detail})
     for r in rounds:
         rnd = r.get("round")
         for reason, n in sorted((r.get("dropped") or {}).items()):
@@ -120,6 +125,7 @@ def events(rounds: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             value = _number(extra.get(key))
             if value:
                 out.append({"round": rnd, "kind": key, "detail": f"{label}: {value:g}"})
+    out.sort(key=lambda e: e["round"] if isinstance(e["round"], (int, float)) else -1)  # stable: by round
     return out[-MAX_EVENTS:]
 
 
@@ -168,6 +174,10 @@ def page_state(
         extra = r.get("extra") or {}
         for kind in ("down", "up"):  # model frames as they crossed the wire, in the run's codec
             row[f"wire_bytes_{kind}"] = _number(extra.get(f"wire_bytes_{kind}"))
+        # each group model's accuracy over its clients (server/rounds.py), where there are groups
+        row["group_accuracy"] = {
+            k.removeprefix("group_acc_"): _number(v) for k, v in extra.items() if str(k).startswith("group_acc_")
+        }
     last = rounds[-1] if rounds else {}
     planned = _count(_setting(doc, "rounds")) or None
     if round_in_progress is not None and planned is not None:
@@ -186,6 +196,6 @@ def page_state(
         "groups": [[str(m) for m in g] for g in last.get("groups", []) if isinstance(g, list)],
         "handoff": {str(k): _count(v) for k, v in (last.get("handoff") or {}).items()},
         "links": links(doc),
-        "events": events(rounds),
+        "events": events(rounds, doc.get("run_events")),
         "progress": [],  # a live run's round, group by group (server/dashboard/feed.py)
     }

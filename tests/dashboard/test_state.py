@@ -43,7 +43,13 @@ def doc() -> dict:
             "rejected": {"dev001": 1, HOSTILE: 1},
             "dropped": {},
             "groups": [["dev000"], [HOSTILE]],
-            "extra": {"retries": 1.0, "wire_bytes_down": 4000.0, "wire_bytes_up": 3000.0},
+            "extra": {
+                "retries": 1.0,
+                "wire_bytes_down": 4000.0,
+                "wire_bytes_up": 3000.0,
+                "group_acc_0": 0.5,
+                "group_acc_1": 0.25,
+            },
         },
     ]
     devices = {
@@ -70,6 +76,7 @@ def test_the_page_state_counts_refusals_per_board_and_lists_what_happened() -> N
     assert [r["server_accuracy"] for r in state["rounds"]] == [0.2, 0.4]
     wire = [(r["wire_bytes_down"], r["wire_bytes_up"]) for r in state["rounds"]]
     assert wire == [(None, None), (4000.0, 3000.0)]
+    assert state["rounds"][1]["group_accuracy"] == {"0": 0.5, "1": 0.25}
     assert state["groups"] == [["dev000"], [HOSTILE]]
     kinds = [(e["round"], e["kind"]) for e in state["events"]]
     assert (1, "refused") in kinds and (2, "skipped") in kinds and (2, "retries") in kinds
@@ -233,3 +240,9 @@ def test_a_live_round_shows_who_it_waits_on() -> None:
     assert json.loads(view.current()[1])["progress"] == waiting
     feed.set_status("finished")
     assert json.loads(view.current()[1])["progress"] == []
+
+
+def test_the_runs_own_events_take_their_place_among_the_rounds() -> None:
+    resumed = {**doc(), "run_events": [{"round": 2, "kind": "resumed", "detail": "from the checkpoint after round 1"}]}
+    kinds = [(e["round"], e["kind"]) for e in page_state(resumed)["events"]]
+    assert kinds.index((1, "refused")) < kinds.index((2, "resumed")) < kinds.index((2, "skipped"))

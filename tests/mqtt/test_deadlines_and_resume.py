@@ -88,6 +88,8 @@ def test_coordinator_resumes_from_its_checkpoint_and_devices_evaluate(broker, fe
         second.connect()
         assert second.resume()
         assert second.round == 2
+        # what results.json and the dashboard say happened to the run
+        assert second.run_events == [{"round": 3, "kind": "resumed", "detail": "from the checkpoint after round 2"}]
         np.testing.assert_array_equal(second.strategy.global_weights, weights)
         assert second.driver.screening_history() == history  # screened against the same reference
         assert any(history.values())

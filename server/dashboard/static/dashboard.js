@@ -134,6 +134,9 @@
     const last = rows[rows.length - 1] || {};
     text($("last-server-accuracy"), pct(last.server_accuracy));
     text($("last-federated-accuracy"), pct(last.federated_accuracy));
+    const scored = rows.filter((r) => r.group_accuracy && Object.keys(r.group_accuracy).length).pop();
+    text($("group-accuracy"), scored ? "by group model, round " + scored.round + ": " +
+      Object.entries(scored.group_accuracy).map(([g, a]) => "group " + g + " " + pct(a)).join(", ") : "");
     if (!rows.length || typeof uPlot === "undefined") return;
     const x = rows.map((r) => r.round);
     chart("accuracy", $("accuracy-chart"), "accuracy", ["server", "federated"],

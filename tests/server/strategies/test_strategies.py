@@ -166,3 +166,17 @@ def test_dsc_trains_every_client_one_gradient_step_at_the_letters_rate() -> None
     assert sorted(plan.participants) == sorted(counts)
     assert (plan.train.max_steps, plan.train.lr, plan.train.batch_size) == (1, 0.06, 60)
     assert DSC.paper_params >= {"clients_per_round", "local_steps"}
+
+
+def test_group_models_are_scored_group_by_group(model) -> None:
+    """The driver records each group model's accuracy over its clients (for the
+    dashboard); a strategy without groups records none."""
+    fed = synthetic(1, 1, 12, seed=0)
+    ifca = make_strategy("ifca", train=TRAIN, n_groups=3, clients_per_round=12)
+    records = Simulation(ifca, fed, model, seed=0).run(2)
+    scored = {k: v for k, v in records[-1].extra.items() if k.startswith("group_acc_")}
+    groups = {ifca.group_of(c) for c in fed}
+    assert len(groups) > 1 and set(scored) == {f"group_acc_{g}" for g in groups}
+    assert all(0.0 <= v <= 1.0 for v in scored.values())
+    plain = Simulation(make_strategy("fedavg", train=TRAIN, clients_per_round=12), fed, model, seed=0).run(1)
+    assert not any(k.startswith("group_acc_") for k in plain[-1].extra)
