@@ -120,7 +120,7 @@ def events(rounds: Sequence[Mapping[str, Any]], run_events: Any = ()) -> list[di
             out.append({"round": rnd, "kind": "refused", "device": str(device), "detail": f"{n} message(s)"})
         if r.get("skipped"):
             out.append({"round": rnd, "kind": "skipped", "detail": f"{r['skipped']} member(s) missed the deadline"})
-        extra = r.get("extra") or {}
+        extra = _mapping(r.get("extra"))
         for key, label in (("retries", "planned again"), ("clipped", "updates clipped"), ("failed_round", "no result")):
             value = _number(extra.get(key))
             if value:
@@ -168,10 +168,12 @@ def page_state(
         last round's), ``links`` (:func:`links`) and ``events`` (:func:`events`).
     """
     rounds = [r for r in doc.get("rounds", []) if isinstance(r, Mapping)]
-    curves = [{"round": _number(r.get("round")), **{k: _number(r.get(k)) for k in CURVE_KEYS}} for r in rounds]
+    curves: list[dict[str, Any]] = [
+        {"round": _number(r.get("round")), **{k: _number(r.get(k)) for k in CURVE_KEYS}} for r in rounds
+    ]
     for row, r in zip(curves, rounds, strict=True):
         row["trained"], row["skipped"], row["n_groups"] = (_count(r.get(k)) for k in ("trained", "skipped", "n_groups"))
-        extra = r.get("extra") or {}
+        extra = _mapping(r.get("extra"))
         for kind in ("down", "up"):  # model frames as they crossed the wire, in the run's codec
             row[f"wire_bytes_{kind}"] = _number(extra.get(f"wire_bytes_{kind}"))
         # each group model's accuracy over its clients (server/rounds.py), where there are groups
