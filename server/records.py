@@ -140,6 +140,7 @@ def write_run(
     links: Mapping[str, Any] | None = None,
     devices: Mapping[str, Any] | None = None,
     document: Mapping[str, Any] | None = None,
+    run_events: Sequence[Mapping[str, Any]] | None = None,
 ) -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.csv`` and (with ``plot``) ``<stem>.png``;
     ``links``: the link matrices grouping used (:meth:`server.links.LinkMatrices.to_dict`);
@@ -147,7 +148,9 @@ def write_run(
     (:meth:`server.coordinator.registry.Registry.boards_record`); ``document``: the
     :func:`run_document` of these already built (the live dashboard shares it)."""
     paths = {ext: out_dir / f"{stem}.{ext}" for ext in ("json", "csv", "png")}
-    doc = document or run_document(records=records, settings=settings, links=links, devices=devices)
+    doc = document or run_document(
+        records=records, settings=settings, links=links, devices=devices, run_events=run_events
+    )
     rows = [asdict(r) for r in records]  # the CSV keeps NaN as nan
     text = json.dumps(doc, indent=1, allow_nan=False)
     atomic_write(paths["json"], (text + "\n").encode())

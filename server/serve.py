@@ -225,16 +225,18 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
                 bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)
-        write_run(
-            c.state_dir,
-            RESULTS_STEM,
+        final = run_document(
             records=coord.records,
             settings=prepared.settings,
-            title=title,
             links=coord.backend.links_record(),
             devices=coord.registry.boards_record(),
+            run_events=coord.run_events,
+        )
+        write_run(
+            c.state_dir, RESULTS_STEM, records=coord.records, settings=prepared.settings, title=title, document=final
         )
         if feed is not None:
+            feed.set_results(final)
             feed.set_status("finished")
         coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord

@@ -54,3 +54,14 @@ def test_telemetry_is_kept_per_round_across_a_new_registration_and_bounded(monke
     assert record["a"]["telemetry"][0]["cpu_temp_c"] == 50.0
     assert record["a"]["platform"]["machine"] == "aarch64"
     assert record["a"]["train_seconds"] == [[5, 2.5]]  # kept without telemetry too
+
+
+def test_results_keep_what_happened_to_the_run(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """results.json's run_events (resumed, reconnected), for people and the dashboard."""
+    import json
+
+    from server.records import write_run
+
+    events = [{"round": 3, "kind": "resumed", "detail": "from the checkpoint after round 2"}]
+    write_run(tmp_path, "results", records=[], settings={}, title="t", plot=False, run_events=events)
+    assert json.loads((tmp_path / "results.json").read_text())["run_events"] == events
