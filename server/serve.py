@@ -197,6 +197,29 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
             coord.setup_strategy()
         coord.driver.last_round = o.rounds
         title = f"{o.strategy} over MQTT ({c.run})"
+
+        def record(plot: bool) -> None:
+            """results.json (and with ``plot`` its PNG) as the run stands; the page gets
+            the same document."""
+            document = run_document(
+                records=coord.records,
+                settings=prepared.settings,
+                links=coord.backend.links_record(),
+                devices=coord.registry.boards_record(),
+                run_events=coord.run_events,
+            )
+            write_run(
+                c.state_dir,
+                RESULTS_STEM,
+                records=coord.records,
+                settings=prepared.settings,
+                title=title,
+                plot=plot,
+                document=document,
+            )
+            if feed is not None:
+                feed.set_results(document)
+
         with tqdm(
             total=o.rounds, initial=coord.driver.rnd, desc=f"{o.strategy} rounds", unit="round", disable=not progress
         ) as bar:
@@ -204,39 +227,12 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
                 if feed is not None:
                     feed.set_status("running", coord.driver.rnd + 1)
                 rec = coord.step()
-                document = run_document(
-                    records=coord.records,
-                    settings=prepared.settings,
-                    links=coord.backend.links_record(),
-                    devices=coord.registry.boards_record(),
-                    run_events=coord.run_events,
-                )
-                write_run(
-                    c.state_dir,
-                    RESULTS_STEM,
-                    records=coord.records,
-                    settings=prepared.settings,
-                    title=title,
-                    plot=False,
-                    document=document,
-                )
-                if feed is not None:  # the round as results.json has it, on the page at once
-                    feed.set_results(document)
+                record(plot=False)
                 bar.update(1)
                 shown = rec.server_accuracy if np.isfinite(rec.server_accuracy) else rec.federated_accuracy
                 bar.set_postfix(acc=f"{shown:.3f}", trained=rec.trained, skipped=rec.skipped)
-        final = run_document(
-            records=coord.records,
-            settings=prepared.settings,
-            links=coord.backend.links_record(),
-            devices=coord.registry.boards_record(),
-            run_events=coord.run_events,
-        )
-        write_run(
-            c.state_dir, RESULTS_STEM, records=coord.records, settings=prepared.settings, title=title, document=final
-        )
+        record(plot=True)
         if feed is not None:
-            feed.set_results(final)
             feed.set_status("finished")
         coord.stop_devices()  # close() waits for the broker to take the status after these
         return coord
