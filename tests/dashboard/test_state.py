@@ -246,3 +246,28 @@ def test_the_runs_own_events_take_their_place_among_the_rounds() -> None:
     resumed = {**doc(), "run_events": [{"round": 2, "kind": "resumed", "detail": "from the checkpoint after round 1"}]}
     kinds = [(e["round"], e["kind"]) for e in page_state(resumed)["events"]]
     assert kinds.index((1, "refused")) < kinds.index((2, "resumed")) < kinds.index((2, "skipped"))
+
+
+def test_a_rounds_progress_reads_its_group_managers() -> None:
+    """RoundExecution.progress on the simulator's own managers: nothing between rounds;
+    mid-round, each member's state in chain order and the deadline left."""
+    from server.paths import ensure_model
+    from server.simulation.datasets import synthetic
+    from server.simulation.engine import Simulation
+    from server.strategies import make_strategy
+    from server.strategies.base import TrainConfig
+
+    strategy = make_strategy("naivegsp", train=TrainConfig(1, 10, 0.01), beta=1, kappa=1.0)
+    sim = Simulation(strategy, synthetic(1, 1, 4, seed=0), ensure_model("mclr_synthetic"), seed=0)
+    sim.run(1)
+    execution = sim.devices.execution
+    assert execution.progress() == []  # the round is over
+    manager = execution.managers[0]
+    manager.done, manager.deadline = False, execution.clock() + 30.0  # as it stood mid-round
+    manager.members[-1].reported = False
+    manager.members[0].skipped = True
+    (group,) = execution.progress()
+    states = [state for _, state in group["members"]]
+    assert group["mode"] == "chain" and states[0] == "skipped" and states[-1] == "waiting"
+    assert [d for d, _ in group["members"]] == [m.device for m in manager.members]
+    assert 0 < group["deadline_in_s"] <= 30
