@@ -41,6 +41,7 @@ class RoundStats:
     dropped: dict[str, int] = field(default_factory=dict)
     rejected: dict[str, int] = field(default_factory=dict)
     wire_bytes: dict[str, int] = field(default_factory=dict)
+    resends: int = 0  # requests and models sent again, outputs asked for again
 
     def wire_extra(self) -> dict[str, float]:
         """The measured frames for a record's ``extra``, beside the modelled ``bytes``:
@@ -137,6 +138,15 @@ class RoundRecord:
     rejected: dict[str, int] = field(default_factory=dict)
     t_round_s: float = float("nan")  # modelled time of the round (simulation: on the topology's links)
     groups: list[list[str]] = field(default_factory=list)  # the groups as the strategy reports them
+    # the round's (last) plan as it ran: each group's id, mode and members in order (a
+    # chain's order is its training order), every group side by side (planned_groups)
+    plan: list[dict[str, object]] = field(default_factory=list)
+
+
+def planned_groups(plan: RoundPlan) -> list[dict[str, object]]:
+    """``plan``'s groups for a record: ``{"group": id, "mode": "chain" | "parallel",
+    "members": [...]}`` in plan order, a chain's members in the order they train."""
+    return [{"group": g.group_id, "mode": g.mode, "members": list(g.members)} for g in plan.groups]
 
 
 ServerEvaluator = Callable[[np.ndarray], tuple[float, float]]

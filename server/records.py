@@ -69,11 +69,19 @@ def _flat(row: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in row.items():
         if isinstance(value, dict):
             out.update({f"{key}_{k}": v for k, v in value.items()})
-        elif isinstance(value, list):  # ids; groups of ids as "a b;c d"
-            out[key] = ";".join(" ".join(v) if isinstance(v, list) else str(v) for v in value)
+        elif isinstance(value, list):  # ids; groups of ids as "a b;c d"; a plan as "chain a b;parallel c d"
+            out[key] = ";".join(_cell(v) for v in value)
         else:
             out[key] = value
     return out
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, list):
+        return " ".join(str(v) for v in value)
+    if isinstance(value, dict) and isinstance(value.get("members"), list):  # a planned group
+        return " ".join([str(value.get("mode", "")), *(str(m) for m in value["members"])])
+    return str(value)
 
 
 def _json_default(obj: Any) -> Any:

@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from device.errors import CoveyError
-from server.backend import Backend, EvalJob, RoundRecord, ServerEvaluator
+from server.backend import Backend, EvalJob, RoundRecord, ServerEvaluator, planned_groups
 from server.claims import bounded_info, bounded_infos, population_cap
 from server.costs import CostModel
 from server.defense import AGGREGATE_REASON, GUARD_FACTOR, OVERCLAIM_REASON, Defense, Refusals, ServerNorm
@@ -237,6 +237,8 @@ class RoundDriver:
         stats = self.backend.round_stats()
         extra.update(summary.extra)
         extra.update(stats.wire_extra())
+        if stats.resends:
+            extra["resends"] = float(stats.resends)
         dropped, rejected = self.refusals.tally(stats.dropped, stats.rejected)
         record = RoundRecord(
             round=self.rnd,
@@ -263,6 +265,7 @@ class RoundDriver:
             rejected=rejected,
             t_round_s=costs.get("t_round_s", float("nan")),
             groups=[sorted(g) for g in summary.groups],
+            plan=planned_groups(plan),
         )
         self.records.append(record)
         return record

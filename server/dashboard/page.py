@@ -33,7 +33,9 @@ BODY = """<header>
     <tbody></tbody></table></section>
   <section id="round-panel"><h2>Round <span id="round">0</span> of <span id="rounds-planned">?</span></h2>
     <p id="round-detail"></p><ul id="progress"></ul>
-    <p>groups as the strategy reports them:</p><ol id="groups"></ol></section>
+    <p>last round's plan (its groups run side by side; a chain trains in the order shown):</p>
+    <ol id="plan"></ol>
+    <div id="strategy-groups" hidden><p>the strategy's groups:</p><ol id="groups"></ol></div></section>
   <section id="learning-panel"><h2>Learning</h2>
     <p>last server accuracy <b id="last-server-accuracy">–</b>, federated <b id="last-federated-accuracy">–</b></p>
     <p id="group-accuracy"></p>

@@ -121,12 +121,36 @@ def events(rounds: Sequence[Mapping[str, Any]], run_events: Any = ()) -> list[di
         if r.get("skipped"):
             out.append({"round": rnd, "kind": "skipped", "detail": f"{r['skipped']} member(s) missed the deadline"})
         extra = _mapping(r.get("extra"))
-        for key, label in (("retries", "planned again"), ("clipped", "updates clipped"), ("failed_round", "no result")):
+        for key, label in (
+            ("retries", "planned again"),
+            ("resends", "sent again or asked for again"),
+            ("clipped", "updates clipped"),
+            ("failed_round", "no result"),
+        ):
             value = _number(extra.get(key))
             if value:
                 out.append({"round": rnd, "kind": key, "detail": f"{label}: {value:g}"})
     out.sort(key=lambda e: e["round"] if isinstance(e["round"], (int, float)) else -1)  # stable: by round
     return out[-MAX_EVENTS:]
+
+
+def plan(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A round's plan as it ran (:func:`server.backend.planned_groups`): each group's
+    id, mode (``chain``: members train in the order listed; ``parallel``: side by side)
+    and members. Every group of a round runs side by side with the others."""
+    out = []
+    raw = record.get("plan")
+    for g in raw if isinstance(raw, list) else []:
+        if isinstance(g, Mapping) and isinstance(g.get("members"), list):
+            mode = g.get("mode")
+            out.append(
+                {
+                    "group": _number(g.get("group")),
+                    "mode": mode if mode in ("chain", "parallel") else "",
+                    "members": [str(m) for m in g["members"]],
+                }
+            )
+    return out
 
 
 def links(doc: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -165,7 +189,8 @@ def page_state(
     dict
         ``run`` (strategy, rounds planned, rounds done, status), ``fleet``
         (:func:`fleet`), ``rounds`` (the curves' fields per round), ``groups`` (the
-        last round's), ``links`` (:func:`links`) and ``events`` (:func:`events`).
+        last round's, as the strategy reports them), ``plan`` (:func:`plan`, the last
+        round's), ``links`` (:func:`links`) and ``events`` (:func:`events`).
     """
     rounds = [r for r in doc.get("rounds", []) if isinstance(r, Mapping)]
     curves: list[dict[str, Any]] = [
@@ -174,6 +199,7 @@ def page_state(
     for row, r in zip(curves, rounds, strict=True):
         row["trained"], row["skipped"], row["n_groups"] = (_count(r.get(k)) for k in ("trained", "skipped", "n_groups"))
         extra = _mapping(r.get("extra"))
+        row["resends"] = int(_number(extra.get("resends")) or 0)
         for kind in ("down", "up"):  # model frames as they crossed the wire, in the run's codec
             row[f"wire_bytes_{kind}"] = _number(extra.get(f"wire_bytes_{kind}"))
         # each group model's accuracy over its clients (server/rounds.py), where there are groups
@@ -196,6 +222,7 @@ def page_state(
         "fleet": fleet(doc, live),
         "rounds": curves,
         "groups": [[str(m) for m in g] for g in last.get("groups", []) if isinstance(g, list)],
+        "plan": plan(last),
         "handoff": {str(k): _count(v) for k, v in (last.get("handoff") or {}).items()},
         "links": links(doc),
         "events": events(rounds, doc.get("run_events")),

@@ -220,6 +220,7 @@ class EdgeGroupProxy(GroupManager):
         self.model: np.ndarray | None = None
         # a chain's members train one after another; the group's model then crosses the uplink
         self.span_s = book.deadline_s * ((len(plan.members) if plan.mode == "chain" else 1) + 1)
+        self._resends = 0  # the task or the start model sent to the edge again
 
     def start(self, now: float) -> None:
         if self.book.bases is not None:  # the group's model may come back as a delta against it
@@ -264,7 +265,12 @@ class EdgeGroupProxy(GroupManager):
         """The coordinator's link came back: the task again (an edge runs a task once and
         answers a repeat with its report)."""
         if not self.done:
+            self._resends += 1
             self._send_task()
+
+    @property
+    def resends(self) -> int:
+        return self._resends
 
     def release(self) -> None:
         """Nothing of this group's is on the central broker."""
@@ -303,6 +309,7 @@ class EdgeGroupProxy(GroupManager):
             log.info(
                 "round %d group %d: edge %s lacks the start model; sending it", self.round, report.group_id, self.edge
             )
+            self._resends += 1
             self._send_model()
             self._send_task()
             self.deadline = max(self.deadline, now + self.span_s)

@@ -139,6 +139,10 @@ class GroupSender:
         self.broadcast_codec: FrameCodec = self.downlink  # set by send_start()
         # task id -> (model, payload, codec, base) last sent for it, for a resend of the same model
         self._sent: dict[str, tuple[np.ndarray, np.ndarray, FrameCodec, str | None]] = {}
+        self._requested: set[str] = set()  # task ids whose request went out
+        # what went again: a request or a model sent again, or a member asked to send its
+        # output again (for people: the dashboard's resends per round)
+        self.resends = 0
 
     @property
     def direct(self) -> bool:
@@ -154,6 +158,7 @@ class GroupSender:
 
     def ask_resend(self, member: Member, to: Hop) -> None:
         """Ask ``member`` to send the output it holds for its task again, to ``to``."""
+        self.resends += 1
         msg = Message.of(ResendRequest(member.task_id, to), run=self.topics.run, sender=SERVER_ID, round=self.round)
         self.publish(self.topics.inbox(member.device), msg.encode(), False)
 
@@ -173,6 +178,9 @@ class GroupSender:
         return self.downlinks.unchanged(self.start_weights) if self.downlinks is not None else nullcontext()
 
     def send_request(self, member: Member, index: int) -> None:
+        if member.task_id in self._requested:
+            self.resends += 1
+        self._requested.add(member.task_id)
         predecessor = self.members[index - 1].device if self.direct and index > 0 else SERVER_ID
         request = TrainRequest(
             task_id=member.task_id,
@@ -198,6 +206,7 @@ class GroupSender:
             # key the server records is the one the device may already hold (a new
             # encoding would be a full model under another key; server/downlink.py)
             _, payload, codec, base = again
+            self.resends += 1
         elif self.downlinks is not None:  # the start model, or a relayed hand-off (int8 runs)
             down = self.downlinks.encode(member.device, weights)
             payload, codec, base = down.payload, down.codec, down.base

@@ -112,6 +112,11 @@ class GroupManager:
     def _resend_models(self) -> None:
         raise NotImplementedError
 
+    @property
+    def resends(self) -> int:
+        """Requests and models sent again, and outputs asked for again, so far."""
+        return self.sender.resends
+
     def release(self) -> None:
         """Clear the group's shared start model from the broker (the round is over)."""
         self.sender.release()

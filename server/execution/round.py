@@ -108,6 +108,7 @@ class RoundExecution:
         # task ids start with this; a resumed round keeps the prefix it was journaled with
         self.task_prefix = task_prefix
         self._attempts: dict[int, int] = {}  # round -> plans executed
+        self._earlier_resends = 0  # this round's earlier plans' (a retried round)
 
     def next_prefix(self, rnd: int) -> str:
         """The task-id prefix of round ``rnd``'s next plan: a retried plan's tasks are new
@@ -133,6 +134,8 @@ class RoundExecution:
         if unknown:
             raise ProtocolError(f"plan names unknown devices {unknown}")
         now = self.clock()
+        same_round = bool(self.managers) and self.managers[0].round == plan.round
+        self._earlier_resends = self.resends() if same_round else 0
         self.managers = []
         self.bases.clear()  # the start models int8 deltas may name: this plan's
         prefix = self.next_prefix(plan.round)
@@ -307,6 +310,11 @@ class RoundExecution:
                 }
             )
         return out
+
+    def resends(self) -> int:
+        """This round's requests and models sent again and outputs asked for again
+        (after a lost connection or a deadline), over every plan it ran."""
+        return self._earlier_resends + sum(m.resends for m in self.managers)
 
     def handoff_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -61,6 +61,10 @@ class SplitGroupManager(GroupManager):
         for p in self.parts:
             p.release()
 
+    @property
+    def resends(self) -> int:
+        return sum(p.resends for p in self.parts)
+
     def owns(self, device: str) -> bool:
         return any(p.owns(device) for p in self.parts)
 

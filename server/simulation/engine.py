@@ -275,6 +275,7 @@ class VirtualDevices:
             self.execution.handoff_counts(),
             {"message refused by a simulated device or manager": dropped} if dropped else {},
             wire_bytes=wire,
+            resends=self.execution.resends(),
         )
 
     def close(self) -> None:

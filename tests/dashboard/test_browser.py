@@ -41,7 +41,11 @@ def test_a_report_shows_a_hostile_board_id_as_text(browser: Any, tmp_path: Path)
     # Assert: the id is shown as its characters; no element came of it; the script ran clean
     rows = browser.find_elements("css selector", "#fleet tbody tr")
     assert [r.find_element("css selector", "td").text for r in rows] == sorted(["dev000", "dev001", HOSTILE])
-    assert browser.find_elements("css selector", "#fleet img, #groups img, #events img") == []
+    assert browser.find_elements("css selector", "#fleet img, #plan img, #groups img, #events img") == []
+    plan = [li.text for li in browser.find_elements("css selector", "#plan li")]
+    assert plan == ["group 0, chain of 2: dev002 → dev000", f"group 1, parallel of 1: {{{HOSTILE}}}"]
+    assert browser.find_element("id", "strategy-groups").is_displayed()  # its groups are not the plan's
+    assert "2 resend(s)" in browser.find_element("id", "round-detail").text
     assert browser.title == "covey: " + tmp_path.name  # onerror="document.title=1" never ran
     assert browser.find_element("id", "device-count").text == "3"
     assert browser.find_element("id", "last-server-accuracy").text == "40.00 %"
@@ -87,6 +91,10 @@ def test_the_live_page_follows_a_run_of_six_boards(browser: Any, broker: Any, tm
     assert browser.find_element("id", "last-server-accuracy").text == f"{100 * last:.2f} %"
     assert browser.find_element("id", "round").text == "3"
     assert len(browser.find_elements("css selector", "#fleet tbody tr")) == 6
+    planned = results["rounds"][-1]["plan"]  # FedAvg: one parallel group of every board
+    assert [(g["mode"], len(g["members"])) for g in planned] == [("parallel", 6)]
+    shown = browser.find_element("css selector", "#plan li").text
+    assert shown.startswith(f"group {planned[0]['group']}, parallel of 6: {{") and planned[0]["members"][0] in shown
     assert console_errors(browser) == []
     keep_screenshot(browser, "dashboard-live.png")
 

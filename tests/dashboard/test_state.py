@@ -43,8 +43,13 @@ def doc() -> dict:
             "rejected": {"dev001": 1, HOSTILE: 1},
             "dropped": {},
             "groups": [["dev000"], [HOSTILE]],
+            "plan": [
+                {"group": 0, "mode": "chain", "members": ["dev002", "dev000"]},
+                {"group": 1, "mode": "parallel", "members": [HOSTILE]},
+            ],
             "extra": {
                 "retries": 1.0,
+                "resends": 2.0,
                 "wire_bytes_down": 4000.0,
                 "wire_bytes_up": 3000.0,
                 "group_acc_0": 0.5,
@@ -78,9 +83,19 @@ def test_the_page_state_counts_refusals_per_board_and_lists_what_happened() -> N
     assert wire == [(None, None), (4000.0, 3000.0)]
     assert state["rounds"][1]["group_accuracy"] == {"0": 0.5, "1": 0.25}
     assert state["groups"] == [["dev000"], [HOSTILE]]
+    planned = [(g["mode"], g["members"]) for g in state["plan"]]
+    assert planned == [("chain", ["dev002", "dev000"]), ("parallel", [HOSTILE])]
+    assert [r["resends"] for r in state["rounds"]] == [0, 2]
     kinds = [(e["round"], e["kind"]) for e in state["events"]]
-    assert (1, "refused") in kinds and (2, "skipped") in kinds and (2, "retries") in kinds
+    assert (1, "refused") in kinds and (2, "skipped") in kinds and (2, "retries") in kinds and (2, "resends") in kinds
     json.dumps(state, allow_nan=False)  # the page's JSON holds no NaN
+
+
+@pytest.mark.parametrize("plan", [7, "chain", {"mode": "chain"}, [{"mode": "<b>", "members": "ab"}], [None]])
+def test_a_malformed_plan_in_a_results_file_shows_no_plan(plan: object) -> None:
+    broken = doc()
+    broken["rounds"][-1]["plan"] = plan
+    assert page_state(broken)["plan"] == []
 
 
 def test_embedded_state_cannot_end_its_script_element() -> None:

@@ -304,3 +304,21 @@ def test_after_a_reconnect_the_resend_a_chain_ending_in_a_skip_waits_for_is_aske
     assert [(d, r.to) for d, r in chain.resends(out)] == [("a", ManagerHop(0))]
     assert chain.frame("a", chain.tasks["a"], 1.0)
     assert chain.manager.done and chain.manager.final is not None and np.all(chain.manager.final == 1.0)
+
+
+def test_what_the_manager_sends_again_is_counted_for_the_round_record() -> None:
+    # Prepare: a reported; b and c have not; nothing was sent again yet
+    chain = Chain("abc")
+    chain.take()
+    chain.report("a")
+    assert chain.manager.resends == 0
+
+    # Execute: the coordinator's connection came back
+    chain.manager.resend_outstanding(chain.now)
+    out = chain.take()
+
+    # Assert: every message it published again is counted: b's and c's requests, and a
+    # asked to hand its output on again
+    again = [decode_message(data).body for topic, data in out if topic in {chain.topics.inbox(d) for d in "abc"}]
+    assert [type(b).__name__ for b in again].count("TrainRequest") == 2 and len(chain.resends(out)) == 1
+    assert chain.manager.resends == len(again) == 3

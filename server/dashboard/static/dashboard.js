@@ -75,6 +75,7 @@
         last.skipped + " skipped");
       const hand = Object.entries(state.handoff || {}).map(([k, v]) => v + " " + k).join(", ");
       if (hand) parts.push("hand-offs " + hand);
+      if (last.resends) parts.push(last.resends + " resend(s)");
     }
     text($("round-detail"), parts.join("; ") || "no round recorded yet");
     const now = $("progress");
@@ -93,12 +94,31 @@
       text(li, "now, group " + g.group + " (" + g.mode + "): " + parts.join(", ") + (g.done ? "; done" : due));
       now.appendChild(li);
     }
-    const list = $("groups");
+    renderPlan(state.plan || [], state.groups);
+  }
+
+  function renderPlan(plan, groups) {
+    // a chain in its training order (a → b → c), a parallel group as a set ({a, b});
+    // all of a round's groups run side by side
+    const list = $("plan");
     list.replaceChildren();
-    for (const g of state.groups) {
+    for (const g of plan) {
+      const li = document.createElement("li");
+      li.dataset.mode = g.mode;
+      const members = g.mode === "chain" ? g.members.join(" → ") : "{" + g.members.join(", ") + "}";
+      text(li, "group " + g.group + ", " + (g.mode || "?") + " of " + g.members.length + ": " + members);
+      list.appendChild(li);
+    }
+    // the strategy's own groups (clusters), where they are not the plan's groups
+    const key = (sets) => sets.map((m) => m.slice().sort().join(" ")).sort().join("|");
+    const same = key(groups) === key(plan.map((g) => g.members));
+    $("strategy-groups").hidden = same || !groups.length;
+    const list2 = $("groups");
+    list2.replaceChildren();
+    for (const g of same ? [] : groups) {
       const li = document.createElement("li");
       text(li, g.join(", "));
-      list.appendChild(li);
+      list2.appendChild(li);
     }
   }
 

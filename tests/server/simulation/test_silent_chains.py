@@ -197,15 +197,17 @@ def test_every_pattern_of_silent_members_gives_the_coordinators_models(zoo_model
             (result,) = sim.execute(plan, seed=SEED)
             assert result.final_weights is not None
 
-            # Assert: the same model, the same bases held, one resend per run of silent members,
-            # and the simulator counts the frames the boards and the manager sent, and the
-            # hand-offs the boards received
+            # Assert: the same model, the same bases held, one resend per run of silent members
+            # (counted by the simulator as the boards saw them), and the simulator counts the
+            # frames the boards and the manager sent, and the hand-offs the boards received
             where = f"{codec}, silent {sorted(silent)}, round {rnd}"
             np.testing.assert_array_equal(board_final, result.final_weights, err_msg=where)
             if downlinks is not None:
                 assert {d: downlinks.base_of(d) for d in names} == {d: sim.downlinks.base_of(d) for d in names}, where
             assert resends == _silent_runs_after_an_answer(members, silent), where
-            counted = sim.round_stats().wire_bytes
+            stats = sim.round_stats()
+            assert stats.resends == resends, where  # what the round record reports as resends
+            counted = stats.wire_bytes
             assert counted.keys() == board_bytes.keys(), where
             for kind, n in board_bytes.items():  # the sim's frame headers name real ids: a few bytes apart
                 assert abs(counted[kind] - n) <= 0.02 * n + 16, (where, kind, counted, board_bytes)
