@@ -22,22 +22,27 @@ from device.errors import ConfigError
 DEFAULT_MODEL = "mlp_femnist"
 
 
+DASHBOARD_STATE = "dashboard-state.json"  # in the run's state folder
+
+
 @contextmanager
-def field_dashboard(address: str | None, results: Path, title: str) -> Iterator[None]:
-    """With ``--dashboard``: the page, served from this machine (the coordinator runs in
-    a namespace of its own), following ``results`` (:class:`ResultsFileFeed`)."""
+def field_dashboard(address: str | None, state_dir: Path, title: str) -> Iterator[None]:
+    """With ``--dashboard``: the page, served from this machine. The coordinator runs in
+    a namespace of its own and keeps the page's state in ``state_dir`` (its
+    ``--dashboard-state``, :func:`_server_args`); the page follows that file."""
     if address is None:
         yield
         return
-    from server.dashboard.feed import ResultsFileFeed
+    from server.dashboard.feed import StateFileFeed
     from server.dashboard.live import DashboardServer, LiveView, keep_url, parse_address
 
     view = LiveView()
     server = DashboardServer(view, parse_address(address), title).start()
     try:
-        feed = ResultsFileFeed(view, results).start()
+        (state_dir / DASHBOARD_STATE).unlink(missing_ok=True)  # an earlier test's, in the same folder
+        feed = StateFileFeed(view, state_dir / DASHBOARD_STATE).start()
         print(f"dashboard: {server.url}", flush=True)
-        keep_url(results.parent / "dashboard-url", server.url)  # as `covey server run` keeps it
+        keep_url(state_dir / "dashboard-url", server.url)  # as `covey server run` keeps it
         try:
             yield
         finally:
@@ -46,8 +51,9 @@ def field_dashboard(address: str | None, results: Path, title: str) -> Iterator[
         server.close()
 
 
-def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
-    """What ``covey server run`` gets besides the lab's broker, run, devices and data.
+def _server_args(args: argparse.Namespace, n_devices: int, state_dir: Path) -> list[str]:
+    """What ``covey server run`` gets besides the lab's broker, run, devices and data
+    (with ``--dashboard``, where to keep the page's state).
     Every device is asked each round where the strategy takes ``clients_per_round``,
     unless ``--set`` says otherwise: a field test is about the whole site's links (FedGSP
     has no such setting: a fraction κ of its groups trains each round)."""
@@ -57,6 +63,8 @@ def _server_args(args: argparse.Namespace, n_devices: int) -> list[str]:
     out = ["--strategy", args.strategy, "--model", args.model, "--rounds", str(args.rounds)]
     out += ["--deadline", str(args.deadline), "--register-timeout", str(args.register_timeout)]
     out += ["--federated-eval-every", "0", "--link-bandwidth-mhz", str(args.link_bandwidth_mhz)]
+    if args.dashboard is not None:
+        out += ["--dashboard-state", str(state_dir / DASHBOARD_STATE)]
     for flag in ("epochs", "batch", "lr", "lr_decay", "codec", "handoff"):
         value = getattr(args, flag)
         if value is not None:
@@ -127,7 +135,7 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     edge_sites = plan.topology.edge_sites
     if args.central and not edge_sites:
         raise ConfigError(f"--central is for a topology with [[edge]] sites; {topology_path} has none")
-    plan = replace(plan, server_args=tuple(_server_args(args, len(plan.devices))))
+    plan = replace(plan, server_args=tuple(_server_args(args, len(plan.devices), plan.state_dir)))
     print(f"building or loading the {args.model} model ...", flush=True)
     ensure_model(args.model)
     sites = ", ".join(
@@ -146,7 +154,7 @@ def _cmd_field_test(args: argparse.Namespace) -> int:
     print(f"network namespaces {namespace_prefix(plan)}* (removed at the end)", flush=True)
     start = time.perf_counter()
     signal.signal(signal.SIGTERM, _stop)  # the lab's namespaces and processes go also then
-    with field_dashboard(args.dashboard, plan.state_dir / "results.json", f"covey field test: {args.strategy}"):
+    with field_dashboard(args.dashboard, plan.state_dir, f"covey field test: {args.strategy}"):
         run = run_field_test(plan)
     doc = json.loads((plan.state_dir / "results.json").read_text())
     site_of = {d.device_id: d.site for d in plan.devices}

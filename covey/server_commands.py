@@ -191,6 +191,7 @@ def _cmd_server_run(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         advertise_host=conn.advertise_host or advertised_host(listen),
         dashboard=args.dashboard,
+        dashboard_state=Path(args.dashboard_state) if args.dashboard_state else None,
     )
     prepared = prepare_serve(options)  # every mistake surfaces before a broker starts or a file is written
     if not args.model_path:
@@ -399,6 +400,12 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
         metavar="[HOST:]PORT",
         help="serve a read-only live page of the run (host 127.0.0.1 unless given; any other address needs the "
         "token printed at start; docs/site-guide.md)",
+    )
+    p.add_argument(
+        "--dashboard-state",
+        metavar="FILE",
+        help="keep the live page's state in FILE (JSON, replaced whole as the run goes), for a page another "
+        "process serves: `covey field-test --dashboard` passes it",
     )
     p.set_defaults(func=_cmd_server_run)
 

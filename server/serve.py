@@ -50,6 +50,7 @@ class ServeOptions:
     advertise: bool = False
     advertise_host: str | None = None  # the broker host boards are told (None: the coordinator's host)
     dashboard: str | None = None  # [HOST:]PORT of the run's live page (server/dashboard/)
+    dashboard_state: Path | None = None  # the page's state kept in this file (server/dashboard/feed.py)
 
     @property
     def strategy(self) -> str:
@@ -112,6 +113,8 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
         from server.dashboard.live import parse_address
 
         parse_address(opts.dashboard)  # a bad address is one line before anything starts
+    if opts.dashboard_state is not None and opts.dashboard_state.is_dir():
+        raise ConfigError(f"--dashboard-state {opts.dashboard_state} is a folder; name a file to write")
     settings = {
         **run.learning_settings(),
         "model": run.setting("model", opts.model_path.stem),
@@ -154,17 +157,24 @@ def serve(opts: ServeOptions | PreparedServe, *, progress: bool = True) -> Coord
     zc = None
     dashboard = feed = None
     try:
-        if o.dashboard is not None:
-            from server.dashboard.feed import DashboardFeed
+        if o.dashboard is not None or o.dashboard_state is not None:
+            from server.dashboard.feed import DashboardFeed, StateFile, StateView, Views
             from server.dashboard.live import DashboardServer, LiveView, parse_address
 
-            view = LiveView()
-            dashboard = DashboardServer(view, parse_address(o.dashboard), f"covey: {o.strategy} on {c.run}").start()
-            feed = DashboardFeed(view, coord.registry.fleet_entries, progress=coord.execution.progress)
+            views: list[StateView] = []
+            if o.dashboard is not None:
+                view = LiveView()
+                title = f"covey: {o.strategy} on {c.run}"
+                dashboard = DashboardServer(view, parse_address(o.dashboard), title).start()
+                views.append(view)
+            if o.dashboard_state is not None:
+                views.append(StateFile(o.dashboard_state))
+            feed = DashboardFeed(Views(*views), coord.registry.fleet_entries, progress=coord.execution.progress)
             feed.publish()
             coord.on_pump = feed.tick
-            print(f"dashboard: {dashboard.url}", flush=True)
-            keep_url(c.state_dir / "dashboard-url", dashboard.url)  # where to find the page later
+            if dashboard is not None:
+                print(f"dashboard: {dashboard.url}", flush=True)
+                keep_url(c.state_dir / "dashboard-url", dashboard.url)  # where to find the page later
         coord.connect()
         if o.advertise:
             from device.discovery import advertise

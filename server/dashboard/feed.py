@@ -3,7 +3,9 @@
 :class:`DashboardFeed` keeps the run's last results document (set after every round,
 the same one ``results.json`` gets) and, at most every :data:`TICK_S`, adds the
 coordinator's current view of its boards (online, last seen) and publishes the page
-state to the :class:`~server.dashboard.live.LiveView`. The coordinator calls
+state to the :class:`~server.dashboard.live.LiveView`, and to a :class:`StateFile` that
+a page served by another process follows (:class:`StateFileFeed`, for a field test's
+coordinator in its own network namespace). The coordinator calls
 :meth:`DashboardFeed.tick` from its message pump, so the page follows a board going
 offline or a round starting within about a second, and no HTTP thread ever reads the
 coordinator's state.
@@ -13,11 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from server.dashboard.live import LiveView
 from server.dashboard.state import FleetEntry, page_state
@@ -26,12 +29,24 @@ TICK_S = 0.5
 log = logging.getLogger("covey.dashboard")
 
 
+class StateView(Protocol):
+    """Where a feed's page state goes (:class:`~server.dashboard.live.LiveView`,
+    :class:`StateFile`, :class:`Views`)."""
+
+    @property
+    def listeners(self) -> int:
+        """How many readers there are now (a feed skips its ticks when none)."""
+        ...
+
+    def publish(self, state: Mapping[str, Any]) -> None: ...
+
+
 class DashboardFeed:
     """Publishes a live run's page state.
 
     Parameters
     ----------
-    view : where the page's state goes.
+    view : where the page's state goes (the page, a state file, or both).
     boards : the coordinator's boards now (called on the coordinator's thread).
     clock : monotonic seconds (the registry's ``last_seen`` clock).
     progress : where the round is, group by group
@@ -40,7 +55,7 @@ class DashboardFeed:
 
     def __init__(
         self,
-        view: LiveView,
+        view: StateView,
         boards: Callable[[], Iterable[FleetEntry]],
         clock: Callable[[], float] = time.monotonic,
         progress: Callable[[], list[dict[str, Any]]] | None = None,
@@ -87,28 +102,65 @@ class DashboardFeed:
             self._failing = False
 
 
-class ResultsFileFeed:
-    """Publishes the page state of a run whose coordinator runs elsewhere (a field
-    test's coordinator runs in its own network namespace) from its ``results.json``,
-    read again whenever the file changes (polled every :data:`TICK_S`). Boards' online
-    status is not in the file: the page shows what the rounds recorded.
+class StateFile:
+    """A page state kept in a file, for a page served by another process: ``covey
+    field-test --dashboard`` serves the page on the host while the coordinator runs in a
+    network namespace of its own (the two share the file system, not a network). The
+    file is replaced whole (written beside it, then renamed), only when the state
+    changed, so a reader never sees half of one."""
+
+    listeners = 1  # always fed: whoever reads the file is not known here
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._text = ""
+
+    def publish(self, state: Mapping[str, Any]) -> None:
+        text = json.dumps(state, allow_nan=False, separators=(",", ":"))
+        if text != self._text:
+            # renamed into place, not synced to disk: it is a view, rewritten within a second
+            tmp = self.path.with_name(f".{self.path.name}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, self.path)
+            self._text = text
+
+
+class Views:
+    """Several views fed the same state (the live page, and a :class:`StateFile`)."""
+
+    def __init__(self, *views: StateView) -> None:
+        self.views = views
+
+    @property
+    def listeners(self) -> int:
+        return sum(v.listeners for v in self.views)
+
+    def publish(self, state: Mapping[str, Any]) -> None:
+        for v in self.views:
+            v.publish(state)
+
+
+class StateFileFeed:
+    """Publishes the page state a coordinator elsewhere keeps in a :class:`StateFile`
+    (``covey server run --dashboard-state FILE``), read again whenever the file changes
+    (polled every :data:`TICK_S`): the fleet online or not, the round in progress, and
+    the results, as that coordinator's own page would show them.
 
     Parameters
     ----------
     view : where the page's state goes.
-    results : the run's ``results.json`` (it may not exist yet).
+    path : the coordinator's state file (it may not exist yet).
     """
 
-    def __init__(self, view: LiveView, results: Path) -> None:
-        self.view, self.results = view, results
-        self.status = "starting"
+    def __init__(self, view: LiveView, path: Path) -> None:
+        self.view, self.path = view, path
         self._stop = threading.Event()
         self._seen: tuple[int, int] | None = None
-        self._doc: Mapping[str, Any] = {}
+        self._state: dict[str, Any] = page_state({}, status="starting")
         self.thread = threading.Thread(target=self._poll, name="dashboard-file-feed", daemon=True)
 
-    def start(self) -> ResultsFileFeed:
-        self.publish()
+    def start(self) -> StateFileFeed:
+        self.view.publish(self._state)
         self.thread.start()
         return self
 
@@ -117,36 +169,35 @@ class ResultsFileFeed:
             self.read()
 
     def read(self) -> None:
-        """Publish the file's state if it changed since the last read."""
+        """Publish the file's state if it changed since the last read and is a page state."""
         try:
-            st = self.results.stat()
-        except OSError:
+            st = self.path.stat()
+            if (st.st_mtime_ns, st.st_size) == self._seen:
+                return
+            state = json.loads(self.path.read_text())
+        except (OSError, ValueError):  # not there yet, or not JSON: the page keeps its last state
             return
-        if (st.st_mtime_ns, st.st_size) == self._seen:
+        self._seen = (st.st_mtime_ns, st.st_size)
+        if not isinstance(state, dict) or not isinstance(state.get("run"), dict):
+            log.warning("%s is not a dashboard state; the page keeps its last one", self.path)
             return
-        try:
-            doc = json.loads(self.results.read_text())
-        except (OSError, ValueError):  # caught mid-write by another writer: the next poll reads it
-            return
-        if not isinstance(doc, dict):
-            return
-        self._seen, self._doc, self.status = (st.st_mtime_ns, st.st_size), doc, "running"
-        self.publish()
-
-    def publish(self) -> None:
-        rounds = len(self._doc.get("rounds", [])) if isinstance(self._doc, Mapping) else 0
-        running = rounds + 1 if self.status == "running" else None
-        try:
-            self.view.publish(page_state(self._doc, status=self.status, round_in_progress=running))
-        except Exception as exc:  # a file the page cannot show: keep the last state, say so once
-            log.warning("the dashboard could not show %s (%s: %s)", self.results, type(exc).__name__, exc)
+        self._state = state
+        self.view.publish(state)
 
     def finish(self) -> None:
-        """The run is over: a last read, status finished, no more polling."""
+        """The run is over: a last read, no more polling. A coordinator that stopped
+        before it could say so (killed, or failed) is shown as ``stopped``, no longer
+        running a round, and its boards' online status as not known."""
         self._stop.set()
         if self.thread.is_alive():
             self.thread.join(5)
         self._seen = None
         self.read()
-        self.status = "finished"
-        self.publish()
+        run = self._state["run"]
+        if run.get("status") != "finished":
+            run.update(status="stopped", round_in_progress=None)
+            self._state["progress"] = []
+            for board in self._state.get("fleet") or []:
+                if isinstance(board, dict):
+                    board["online"] = None
+            self.view.publish(self._state)

@@ -79,6 +79,8 @@ def test_explicit_flags_give_the_same_settings(site_parent: Path) -> None:
         (["--broker", "127.0.0.1:1", "--username", "u", "--password-file", "/nonexistent/pw"], ["/nonexistent/pw"]),
         (["--broker", "127.0.0.1:1", "--ca-certs", "/nonexistent/ca.crt"], ["--ca-certs", "/nonexistent/ca.crt"]),
         (["--site", "/nonexistent/site"], ["/nonexistent/site", "not a covey site"]),
+        (["--broker", "127.0.0.1:1", "--dashboard", "web"], ["--dashboard", "[HOST:]PORT"]),
+        (["--broker", "127.0.0.1:1", "--dashboard-state", "/tmp"], ["--dashboard-state /tmp", "folder"]),
     ],
 )
 def test_connection_mistakes(tmp_path: Path, argv: list[str], needles: list[str]) -> None:

@@ -164,25 +164,54 @@ def test_covey_report_writes_one_file_and_a_missing_run_is_one_line(
     assert capsys.readouterr().err.count("\n") == 1
 
 
-def test_a_results_file_feed_follows_the_file_and_skips_a_half_written_one(tmp_path: Path) -> None:
-    from server.dashboard.feed import ResultsFileFeed
+def test_a_page_served_elsewhere_follows_the_coordinators_state_file(tmp_path: Path) -> None:
+    # Prepare: a coordinator's feed keeps its state in a file (a field test's coordinator,
+    # in its own namespace); the page's feed on the host follows that file
+    from server.dashboard.feed import DashboardFeed, StateFile, StateFileFeed, Views
 
-    view = LiveView()
-    results = tmp_path / "results.json"
-    feed = ResultsFileFeed(view, results)
-    feed.publish()
-    assert json.loads(view.current()[1])["run"]["status"] == "starting"
-    results.write_text(json.dumps(doc()))
-    feed.read()
-    state = json.loads(view.current()[1])
-    assert state["run"]["rounds_done"] == 2 and state["run"]["round_in_progress"] == 3
-    results.write_text('{"rounds": [')  # caught mid-write: the last good state stays
-    feed.read()
-    assert json.loads(view.current()[1])["run"]["rounds_done"] == 2
-    results.write_text(json.dumps(doc()))
-    feed.finish()
-    state = json.loads(view.current()[1])
-    assert state["run"]["status"] == "finished" and state["run"]["round_in_progress"] is None
+    path = tmp_path / "state" / "dashboard-state.json"
+    path.parent.mkdir()
+    coordinator_page, host_page = LiveView(), LiveView()
+    feed = DashboardFeed(
+        Views(coordinator_page, StateFile(path)), lambda: [FleetEntry("dev000", True, 1.8e9)], progress=lambda: []
+    )
+    follower = StateFileFeed(host_page, path)
+    follower.start()  # polls too; the test reads the file itself as well
+    assert json.loads(host_page.current()[1])["run"]["status"] == "starting"
+
+    # Execute: the run reaches round 3
+    feed.set_results(doc())
+    feed.set_status("running", 3)
+    follower.read()
+
+    # Assert: the host's page shows what the coordinator's shows, boards' online status too
+    assert host_page.current()[1] == coordinator_page.current()[1]
+    state = json.loads(host_page.current()[1])
+    online = {b["id"]: b["online"] for b in state["fleet"]}
+    assert state["run"]["round_in_progress"] == 3 and online == {"dev000": True, "dev001": None, HOSTILE: None}
+    path.write_text('{"run": ')  # not a whole state: the last good one stays
+    follower.read()
+    assert json.loads(host_page.current()[1])["run"]["round_in_progress"] == 3
+    follower.finish()
+
+
+def test_a_coordinator_that_stopped_without_finishing_shows_as_stopped(tmp_path: Path) -> None:
+    from server.dashboard.feed import DashboardFeed, StateFile, StateFileFeed
+
+    path = tmp_path / "dashboard-state.json"
+    feed = DashboardFeed(StateFile(path), lambda: [FleetEntry("dev000", True, 1.8e9)])
+    feed.set_results(doc())
+    feed.set_status("running", 3)  # and then it was killed
+    host_page = LiveView()
+    follower = StateFileFeed(host_page, path).start()
+    follower.finish()
+    state = json.loads(host_page.current()[1])
+    assert state["run"]["status"] == "stopped" and state["run"]["round_in_progress"] is None
+    assert {b["online"] for b in state["fleet"]} == {None} and state["run"]["rounds_done"] == 2
+    feed.set_status("finished")  # a coordinator that finished says so itself
+    follower = StateFileFeed(host_page, path).start()
+    follower.finish()
+    assert True in {b["online"] for b in json.loads(host_page.current()[1])["fleet"]}
 
 
 def test_a_state_the_page_cannot_take_never_stops_the_run(caplog: pytest.LogCaptureFixture) -> None:

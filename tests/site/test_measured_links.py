@@ -104,6 +104,9 @@ def test_dsc_groups_the_sites_from_measured_links_alone(tmp_path: Path, capsys: 
     # the page followed the test from this machine: round 1 with its 12 boards and links
     shown = [s for s in page_states if s["run"]["rounds_done"] == 1]
     assert shown and len(shown[-1]["fleet"]) == 12 and shown[-1]["links"]["ids"] == ids, page_states[-1:]
+    # as its coordinator (in its own namespace) saw them: the 12 boards online, the round in progress
+    assert any([b["online"] for b in s["fleet"]] == [True] * 12 for s in page_states), page_states[-1:]
+    assert any(s["progress"] and s["run"]["round_in_progress"] == 1 for s in page_states), page_states[-1:]
     # what the links carried in the round: every device got a start model and sent its
     # model back (float32, 4 bytes a weight), and in a star all of it crossed the broker's
     # link, which carried what the devices and the coordinator sent and received
