@@ -84,6 +84,7 @@ class FedGSP(Strategy):
         self.icg_iterations = icg_iterations
         self.last_groups: list[list[str]] = []
         self.last_cpd: float = float("nan")
+        self.last_f_r = 0  # the groups formed when the round was planned (Eq. 11), of which κ train
         self.fixed_groups: list[list[str]] = []  # static strategies: the chains, in order
 
     def n_groups(self, rnd: int) -> int:
@@ -92,7 +93,7 @@ class FedGSP(Strategy):
 
     def _groups(self, rnd: int) -> list[list[str]]:
         ids = self.candidates()
-        k = self.n_groups(rnd)
+        k = self.last_f_r = self.n_groups(rnd)
         counts = np.array([self.clients[c].class_counts for c in ids], np.float64)
         if self.grouping == "icg":
             idx, _, _ = icg_groups(counts, k, max_iter=self.icg_iterations, draw=self.icg_draw, random_state=self.rng)
@@ -157,7 +158,8 @@ class FedGSP(Strategy):
             len(plan.groups),
             self.last_groups,
             mean_loss(results),
-            {"median_cpd": self.last_cpd, "f_r": float(self.n_groups(rnd))},
+            # f(r) as planned: the candidates may have changed since (a device that failed)
+            {"median_cpd": self.last_cpd, "f_r": float(self.last_f_r or self.n_groups(rnd))},
         )
 
 

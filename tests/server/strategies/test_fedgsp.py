@@ -129,3 +129,19 @@ def test_a_newcomer_joins_the_end_of_the_smallest_static_group(cls: type[FedGSP]
     # Assert
     assert after[smallest] == (*before[smallest], "new")
     assert all(after[g] == before[g] for g in before if g != smallest)
+
+
+def test_the_recorded_f_r_is_the_number_of_groups_the_round_was_planned_with() -> None:
+    # Prepare: 3 clients, f(r) capped at 3 groups; one of them fails after planning (the
+    # driver marks it unavailable while it retries)
+    strategy = FedGSP(beta=10, kappa=0.5)
+    ctx = _setup(strategy, _counts(n=3))
+    plan = strategy.plan_round(1, ctx)
+    strategy.unavailable = {"c00"}
+
+    # Execute
+    summary = strategy.aggregate(1, plan, chain_results(plan))
+
+    # Assert: f(r) as planned (3 groups formed, round(0.5 x 3) = 2 of them ran), not as
+    # the candidates stand after the failure
+    assert summary.extra["f_r"] == 3.0 and summary.n_groups == len(plan.groups) == 2
