@@ -141,6 +141,7 @@ class RoundRecord:
     # the round's (last) plan as it ran: each group's id, mode and members in order (a
     # chain's order is its training order), every group side by side (planned_groups)
     plan: list[dict[str, object]] = field(default_factory=list)
+    skipped_ids: list[str] = field(default_factory=list)  # members that missed their deadline
 
 
 def planned_groups(plan: RoundPlan) -> list[dict[str, object]]:

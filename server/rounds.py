@@ -266,6 +266,7 @@ class RoundDriver:
             t_round_s=costs.get("t_round_s", float("nan")),
             groups=[sorted(g) for g in summary.groups],
             plan=planned_groups(plan),
+            skipped_ids=sorted(d for r in results for d in r.skipped),
         )
         self.records.append(record)
         return record

@@ -105,8 +105,9 @@ class Inbox:
         self.requests, self.retained, self.bases = requests, retained, bases
         self.current_round, self.on_client = current_round, on_client
         self.edges = edges
-        # what happened to the run itself, for people (results.json's run_events, the dashboard)
-        self.run_events: list[dict[str, object]] = []
+        # what happened to the run itself, for people (results.json's run_events, the
+        # dashboard): one list with the requests', which note the devices that did not answer
+        self.run_events: list[dict[str, object]] = requests.run_events
 
     def drop(self, reason: str, detail: str, device: str | None = None, quiet: bool = False) -> None:
         """Count (by reason, and per registered ``device``) and log what covey did not use."""

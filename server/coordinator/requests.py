@@ -56,8 +56,11 @@ class TaskRequests:
         deadline_s: float,
         max_chunk: int,
         task_prefix: str,
+        run_events: list[dict[str, object]] | None = None,
     ) -> None:
         self.topics, self.publish, self.shared, self.pump = topics, publish, shared, pump
+        # where a request no device answered is noted, for people (results.json, the dashboard)
+        self.run_events = run_events if run_events is not None else []
         self.deadline_s, self.max_chunk, self.task_prefix = deadline_s, max_chunk, task_prefix
         self.pending: dict[str, _Pending] = {}
         self._ids = count()
@@ -115,8 +118,11 @@ class TaskRequests:
                 )
         return tasks, shared
 
-    def _wait(self, tasks: dict[str, str], done: Callable[[_Pending], bool], what: str) -> dict[str, _Pending]:
-        """Pump until every task is done or the deadline passes; replies by task id."""
+    def _wait(
+        self, tasks: dict[str, str], done: Callable[[_Pending], bool], what: str, rnd: int
+    ) -> dict[str, _Pending]:
+        """Pump until every task is done or the deadline passes; replies by task id. The
+        devices that did not answer are logged and noted in :attr:`run_events`."""
         deadline = time.monotonic() + self.deadline_s
         while time.monotonic() < deadline and not all(done(self.pending[t]) for t in tasks):
             self.pump(0.1)
@@ -124,6 +130,8 @@ class TaskRequests:
         missing = sorted({p.device for p in out.values() if not done(p)})
         if missing:
             log.warning("%s: no reply from %s before the deadline", what, missing)
+            for device in missing:
+                self.run_events.append({"round": rnd, "kind": "no reply", "device": device, "detail": what})
         return out
 
     def pretrain(
@@ -138,7 +146,7 @@ class TaskRequests:
         )
         try:
             # the protocol's reply is the update frame, then the result message: wait for both
-            replies = self._wait(tasks, lambda p: p.update is not None and p.result is not None, "pretrain")
+            replies = self._wait(tasks, lambda p: p.update is not None and p.result is not None, "pretrain", rnd)
         finally:
             self.shared.clear(*shared)
         return {p.device: p.update for p in replies.values() if p.update is not None}
@@ -159,7 +167,7 @@ class TaskRequests:
                 issued.append(tasks)
                 shared_all += shared
             everything = {t: c for tasks in issued for t, c in tasks.items()}
-            replies = self._wait(everything, lambda p: isinstance(p.result, EvaluateResult), "evaluate")
+            replies = self._wait(everything, lambda p: isinstance(p.result, EvaluateResult), "evaluate", rnd)
         finally:
             self.shared.clear(*shared_all)
         out: list[dict[str, list[EvalRow]]] = []

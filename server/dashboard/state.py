@@ -111,14 +111,21 @@ def events(rounds: Sequence[Mapping[str, Any]], run_events: Any = ()) -> list[di
     for e in run_events if isinstance(run_events, list) else []:
         if isinstance(e, Mapping):
             kind, detail = str(e.get("kind", "")), str(e.get("detail", ""))
-            out.append({"round": _number(e.get("round")), "kind": kind, "detail": detail})
+            event = {"round": _number(e.get("round")), "kind": kind, "detail": detail}
+            if e.get("device") is not None:
+                event["device"] = str(e["device"])
+            out.append(event)
     for r in rounds:
         rnd = r.get("round")
         for reason, n in sorted((r.get("dropped") or {}).items()):
             out.append({"round": rnd, "kind": "refused", "detail": f"{n} x {reason}"})
         for device, n in sorted((r.get("rejected") or {}).items()):
             out.append({"round": rnd, "kind": "refused", "device": str(device), "detail": f"{n} message(s)"})
-        if r.get("skipped"):
+        named = r.get("skipped_ids")
+        if isinstance(named, list) and named:
+            for device in named:
+                out.append({"round": rnd, "kind": "skipped", "device": str(device), "detail": "missed the deadline"})
+        elif r.get("skipped"):  # a record from before skipped_ids
             out.append({"round": rnd, "kind": "skipped", "detail": f"{r['skipped']} member(s) missed the deadline"})
         extra = _mapping(r.get("extra"))
         for key, label in (

@@ -222,4 +222,11 @@ def test_direct_chains_with_silent_members_give_the_same_models_both_ways(broker
     assert [(r.participants, r.trained, r.skipped) for r in result.mqtt] == [(6, 4, 2), (6, 4, 2)]
     assert result.mqtt[0].n_groups == 2 and result.mqtt[0].handoff == {"direct": 2}
     assert result.max_abs_diff <= 1e-5, result.max_abs_diff
+    # the records say the same both ways: the plan, who was skipped, what was sent again
+    assert [r.skipped_ids for r in result.mqtt] == [["dev000", "dev004"]] * 2
+    assert [r.plan for r in result.sim] == [r.plan for r in result.mqtt]
+    assert [r.skipped_ids for r in result.sim] == [r.skipped_ids for r in result.mqtt]
+    resends = [r.extra.get("resends") for r in result.mqtt]
+    sim_resends = [r.extra.get("resends") for r in result.sim]
+    assert resends[0] == 2 and sim_resends == resends, (resends, sim_resends)  # round 1: one per silent member
     assert [r.federated_accuracy for r in result.sim] == pytest.approx([r.federated_accuracy for r in result.mqtt])
