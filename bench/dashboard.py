@@ -16,7 +16,9 @@ once with the page open in headless chromium (Debian's, through Selenium), alter
   seconds (``os.wait4``) with the page open over those without, median of the repeats,
   as a percentage more; target ≤ 5.
 
-Usage: ``python bench/dashboard.py [--repeats 2]``
+Usage: ``python bench/dashboard.py [--repeats 2] [--screenshot docs/plots/dashboard.png]``
+(the screenshot: the whole page while round 3 of the first run with it is recorded, the
+picture in docs/site-guide.md)
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def rounds_in(path: Path) -> int:
         return 0
 
 
-def one_run(broker: Any, work: Path, tag: str, with_page: bool) -> dict[str, Any]:
-    """One run; with the page: when each round was written and when the page showed it."""
+def one_run(broker: Any, work: Path, tag: str, with_page: bool, screenshot: Path | None = None) -> dict[str, Any]:
+    """One run; with the page: when each round was written and when the page showed it
+    (and, given ``screenshot``, the whole page saved there once round 3 is shown)."""
     root = femnist_dir()
     run, state = f"dash-{tag}", work / tag
     written: dict[int, float] = {}
@@ -79,7 +82,7 @@ def one_run(broker: Any, work: Path, tag: str, with_page: bool) -> dict[str, Any
                 deadline = time.monotonic() + 60
                 while not url_file.exists() and time.monotonic() < deadline:
                     time.sleep(0.05)
-                driver = headless_chromium()
+                driver = headless_chromium(height=2400) if screenshot else headless_chromium()
                 driver.get(url_file.read_text().strip())
             results = state / "results.json"
             while True:  # os.wait4, not poll(): the coordinator's own CPU time comes with its exit
@@ -87,6 +90,17 @@ def one_run(broker: Any, work: Path, tag: str, with_page: bool) -> dict[str, Any
                 n = rounds_in(results)
                 if n and n not in written:
                     written[n] = time.time()
+                if screenshot is not None and driver is not None and n >= 3:
+                    shown_rounds = driver.execute_script("return document.body.dataset.rounds")
+                    if int(shown_rounds or 0) >= 3:
+                        # the whole page and no more: its content's height, plus the browser's frame
+                        height = driver.execute_script(
+                            "return Math.ceil(document.querySelector('main').getBoundingClientRect().bottom"
+                            " + window.scrollY) + 24 + window.outerHeight - window.innerHeight"
+                        )
+                        driver.set_window_size(1280, int(height))
+                        driver.save_screenshot(str(screenshot))
+                        screenshot = None
                 if pid:
                     proc.returncode = os.waitstatus_to_exitcode(status)
                     break
@@ -136,13 +150,15 @@ def injection_escaped(work: Path) -> int:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=2, help="runs of each kind, alternated (default 2)")
+    p.add_argument("--screenshot", type=Path, help="save the page at round 3 of the first run with it here")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="covey-dashbench-") as tmp, start_mosquitto() as broker:
         work = Path(tmp)
         runs: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
         for i in range(args.repeats):
             for with_page in (False, True):
-                result = one_run(broker, work, f"{'page' if with_page else 'plain'}{i}", with_page)
+                shot = args.screenshot if with_page and i == 0 else None
+                result = one_run(broker, work, f"{'page' if with_page else 'plain'}{i}", with_page, shot)
                 runs[with_page].append(result)
                 kind = "with" if with_page else "without"
                 print(f"{kind} the page, run {i}: coordinator {result['cpu_s']:.2f} CPU s", flush=True)

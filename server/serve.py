@@ -118,6 +118,7 @@ def prepare_serve(opts: ServeOptions) -> PreparedServe:
     settings = {
         **run.learning_settings(),
         "model": run.setting("model", opts.model_path.stem),
+        "run": Setting(c.run, Source.FLAG, "--run or the site's"),
         "handoff": Setting(c.handoff, Source.FLAG, "--handoff"),
         "deadline_s": Setting(c.deadline_s, Source.FLAG, "--deadline"),
         "allowed_devices": Setting(

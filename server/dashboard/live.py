@@ -102,6 +102,8 @@ def keep_url(path: Path, url: str) -> None:
 
 def parse_address(text: str) -> Address:
     """``[HOST:]PORT`` (host 127.0.0.1 by default); a mistake is one clear error."""
+    if "/" in text:
+        raise ConfigError(f"--dashboard takes [HOST:]PORT, not an address to open, got {text!r} (e.g. 0.0.0.0:8080)")
     host, _, port = text.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     try:
@@ -153,7 +155,12 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.address.host}]" if ":" in self.address.host else self.address.host
+        """Where to open the page: on every interface (0.0.0.0), at this machine's LAN
+        address, which another laptop on the site can reach."""
+        from server.broker import advertised_host
+
+        reachable = advertised_host(self.address.host)
+        host = f"[{reachable}]" if ":" in reachable else reachable
         query = f"?token={self.token}" if self.token else ""
         return f"http://{host}:{self.address.port}/{query}"
 
@@ -244,14 +251,17 @@ class DashboardServer:
             version, text = self.view.current()
             req.wfile.write(f"data: {text}\n\n".encode())
             req.wfile.flush()
-            while not self.stopping.is_set():
+            while True:
                 newer, text = self.view.wait_newer(version, KEEPALIVE_S)
-                if self.stopping.is_set():
-                    break
-                chunk = f"data: {text}\n\n" if newer != version else ": keep-alive\n\n"
-                version = newer
-                req.wfile.write(chunk.encode())
+                stopping = self.stopping.is_set()
+                if newer != version:  # also the last state, published just before the server closed
+                    req.wfile.write(f"data: {text}\n\n".encode())
+                elif not stopping:
+                    req.wfile.write(b": keep-alive\n\n")
                 req.wfile.flush()
+                version = newer
+                if stopping:
+                    break
         except OSError:  # the page closed, or its connection failed
             return
         finally:

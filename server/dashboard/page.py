@@ -42,10 +42,10 @@ BODY = """<header>
     <div id="accuracy-chart"></div><div id="bytes-chart"></div></section>
   <section id="links-panel"><h2>Links</h2><p id="links-note"></p>
     <div class="heatmaps">
-      <figure><figcaption id="snr-caption">Γ (dB)</figcaption>
-        <canvas id="snr-map" width="360" height="360"></canvas></figure>
-      <figure><figcaption id="rtt-caption">RTT (ms)</figcaption>
-        <canvas id="rtt-map" width="360" height="360"></canvas></figure>
+      <figure><figcaption>Γ, effective SNR: <span id="snr-caption">dB</span></figcaption>
+        <canvas id="snr-map" width="420" height="420"></canvas><p id="snr-hover" class="hover"></p></figure>
+      <figure><figcaption>RTT: <span id="rtt-caption">ms</span></figcaption>
+        <canvas id="rtt-map" width="420" height="420"></canvas><p id="rtt-hover" class="hover"></p></figure>
     </div></section>
   <section id="events-panel"><h2>Events</h2><ul id="events"></ul></section>
 </main>"""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from device.errors import ConfigError
 from device.state import atomic_write
@@ -14,6 +16,8 @@ from server.dashboard.state import page_state
 def results_of(path: Path) -> tuple[Path, dict[str, object]]:
     """The ``results.json`` of a run's state dir (or the file itself), parsed; a
     missing or unreadable file is one :class:`ConfigError` naming it."""
+    if not path.exists():
+        raise ConfigError(f"{path} does not exist; give a run's --state-dir or --out folder, or its results file")
     candidates = [path] if path.is_file() else [path / "results.json", *sorted(path.glob("*.json"))]
     for candidate in candidates:
         if candidate.is_file():
@@ -28,12 +32,27 @@ def results_of(path: Path) -> tuple[Path, dict[str, object]]:
     raise ConfigError(f"{path}: no results.json here; give a run's --state-dir or --out folder, or the file")
 
 
+def report_title(doc: Mapping[str, Any], source: Path) -> str:
+    """As the live page's title (``covey: STRATEGY on RUN``) where the results name the
+    run (a coordinator's do), else the strategy and the results' folder or file."""
+    settings = doc.get("settings")
+    value = {}
+    if isinstance(settings, Mapping):
+        for key in ("strategy", "run"):
+            entry = settings.get(key)
+            if isinstance(entry, Mapping) and isinstance(entry.get("value"), str):
+                value[key] = entry["value"]
+    strategy = value.get("strategy", "a run")
+    where = value.get("run") or (source.parent.name if source.name == "results.json" else source.stem)
+    return f"covey: {strategy} on {where}"
+
+
 def write_report(path: Path, out: Path | None = None) -> Path:
     """Write the report of the run at ``path`` to ``out`` (default: ``report.html``
     beside its results) and return where it went."""
     source, doc = results_of(path)
     target = out or source.with_name("report.html")
-    title = f"covey: {source.parent.name or source.stem}"
+    title = report_title(doc, source)
     try:
         page = report_page(title, page_state(doc))
     except (TypeError, ValueError, AttributeError, KeyError) as exc:

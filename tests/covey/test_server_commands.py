@@ -228,3 +228,15 @@ def test_covey_links_prints_a_runs_matrices_and_says_what_is_wrong_otherwise(tmp
     )
     assert_one_line_error(covey("links", str(tmp_path / "bent.json")), "links are malformed")
     assert_one_line_error(covey("links", str(tmp_path / "nothing")), "cannot read it")
+
+
+def test_docs_running_md_names_every_flag_of_covey_server_run() -> None:
+    # docs/running.md says its table holds every flag; a flag added without a row fails here
+    import argparse
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    server = next(a for a in sub.choices["server"]._actions if isinstance(a, argparse._SubParsersAction))
+    flags = {o for a in server.choices["run"]._actions for o in a.option_strings if o.startswith("--")} - {"--help"}
+    doc = (REPO / "docs" / "running.md").read_text()
+    assert sorted(f for f in flags if f"`{f}" not in doc) == []

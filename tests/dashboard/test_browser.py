@@ -46,7 +46,7 @@ def test_a_report_shows_a_hostile_board_id_as_text(browser: Any, tmp_path: Path)
     assert plan == ["group 0, chain of 2: dev002 → dev000", f"group 1, parallel of 1: {{{HOSTILE}}}"]
     assert browser.find_element("id", "strategy-groups").is_displayed()  # its groups are not the plan's
     assert "2 resend(s)" in browser.find_element("id", "round-detail").text
-    assert browser.title == "covey: " + tmp_path.name  # onerror="document.title=1" never ran
+    assert browser.title == f"covey: fedavg on {tmp_path.name}"  # onerror="document.title=1" never ran
     assert browser.find_element("id", "device-count").text == "3"
     assert browser.find_element("id", "last-server-accuracy").text == "40.00 %"
     assert browser.execute_script("return window.coveyCharts.accuracy.data[1].slice(-1)[0]") == 0.4
@@ -79,6 +79,7 @@ def test_the_live_page_follows_a_run_of_six_boards(browser: Any, broker: Any, tm
         url = wait_for_url(state)
         browser.get(url)
         wait_for(lambda: browser.find_element("id", "device-count").text == "6", 120, "six boards on the page")
+        wait_for(lambda: browser.find_element("id", "online-count").text == "6", 60, "six boards online")
         keep_screenshot(browser, "dashboard-live-fleet.png")
         wait_for(lambda: browser.execute_script("return document.body.dataset.rounds") == "3", 300, "round 3")
         coordinator.join(120)
@@ -91,6 +92,10 @@ def test_the_live_page_follows_a_run_of_six_boards(browser: Any, broker: Any, tm
     assert browser.find_element("id", "last-server-accuracy").text == f"{100 * last:.2f} %"
     assert browser.find_element("id", "round").text == "3"
     assert len(browser.find_elements("css selector", "#fleet tbody tr")) == 6
+    # the run is over: the page no longer claims to know who is online
+    status = browser.find_element("id", "status")
+    wait_for(lambda: "as it ended" in status.text, 30, f"the page to say the run ended: {status.text}")
+    assert browser.find_element("id", "online-count").text == "–"
     planned = results["rounds"][-1]["plan"]  # FedAvg: one parallel group of every board
     assert [(g["mode"], len(g["members"])) for g in planned] == [("parallel", 6)]
     shown = browser.find_element("css selector", "#plan li").text
@@ -107,3 +112,68 @@ def wait_for_url(state: Path) -> str:
     path = state / URL_FILE
     wait_for(path.exists, 60, "the dashboard's address")
     return path.read_text().strip()
+
+
+def test_a_live_page_says_what_a_chain_waits_on_and_when_it_lost_the_coordinator(browser: Any) -> None:
+    # Prepare: a page served as a coordinator serves it, with round 3 of a chain under way
+    # whose member dev001 went offline; link matrices over the plan's groups
+    from server.dashboard.live import Address, DashboardServer, LiveView
+    from server.dashboard.state import FleetEntry, page_state
+
+    state = page_state(
+        doc(), live=[FleetEntry("dev000", True, time.time()), FleetEntry("dev001", False, time.time() - 40)]
+    )
+    state["run"].update(status="running", round_in_progress=3)
+    state["progress"] = [
+        {
+            "group": 0,
+            "mode": "chain",
+            "members": [["dev000", "done"], ["dev001", "waiting"]],
+            "done": False,
+            "deadline_in_s": 12,
+        }
+    ]
+    ids = ["dev000", "dev001", HOSTILE]
+    state["links"] = {
+        "ids": ids,
+        "snr_db": [[30.0, 12.5, 5.0], [12.5, 28.0, 4.0], [5.0, 4.0, 20.0]],
+        "snr_source": [
+            ["transfer", "measured", "reverse"],
+            ["measured", "transfer", "measured"],
+            ["reverse", "measured", "transfer"],
+        ],
+        "rtt_ms": [[0.0, 3.0, 40.0], [3.0, 0.0, 41.0], [40.0, 41.0, 0.0]],
+        "rtt_source": None,
+    }
+    view = LiveView()
+    view.publish(state)
+    server = DashboardServer(view, Address("127.0.0.1", 0), "t").start()
+    try:
+        # Execute: open it and point at the Γ entry from dev000 to dev001
+        browser.get(server.url)
+        wait_for(lambda: browser.find_element("id", "online-count").text == "1", 20, "the live fleet")
+        progress = browser.find_element("id", "progress").text
+        canvas = browser.find_element("id", "snr-map")
+        cell, label = browser.execute_script("const c = arguments[0].coveyCell; return [c.size, c.label]", canvas)
+        width = browser.execute_script("return arguments[0].getBoundingClientRect().width", canvas)
+        scale = width / float(canvas.get_attribute("width"))
+        from selenium.webdriver.common.action_chains import ActionChains
+
+        # the page orders the boards by groups (dev001 is in none: last); offsets are from
+        # the canvas centre (Selenium 4): dev000's row, dev001's column
+        order = browser.execute_script("return arguments[0].coveyCell.order", canvas)
+        x = (label + (order.index(1) + 0.5) * cell) * scale - width / 2
+        y = (label + (order.index(0) + 0.5) * cell) * scale - width / 2
+        ActionChains(browser).move_to_element_with_offset(canvas, int(x), int(y)).perform()
+        readout = browser.find_element("id", "snr-hover").text
+    finally:
+        server.close()  # the coordinator goes away
+
+    # Assert: the offline member is awaited, not training; the entry reads as words;
+    # without its coordinator the page says so and no longer claims who is online
+    assert "dev001 awaited (offline)" in progress and "deadline in 12 s" in progress
+    assert readout == "dev000 → dev001: 12.5 dB (measured)"
+    wait_for(lambda: "connection to the coordinator lost" in browser.find_element("id", "status").text, 20, "lost")
+    assert browser.find_element("id", "online-count").text == "–"
+    assert browser.find_elements("css selector", "#progress img, #plan img") == []
+    keep_screenshot(browser, "dashboard-offline-member.png")

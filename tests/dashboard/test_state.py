@@ -43,6 +43,7 @@ def doc() -> dict:
             "rejected": {"dev001": 1, HOSTILE: 1},
             "dropped": {},
             "groups": [["dev000"], [HOSTILE]],
+            "skipped_ids": ["dev002"],
             "plan": [
                 {"group": 0, "mode": "chain", "members": ["dev002", "dev000"]},
                 {"group": 1, "mode": "parallel", "members": [HOSTILE]},
@@ -87,7 +88,8 @@ def test_the_page_state_counts_refusals_per_board_and_lists_what_happened() -> N
     assert planned == [("chain", ["dev002", "dev000"]), ("parallel", [HOSTILE])]
     assert [r["resends"] for r in state["rounds"]] == [0, 2]
     kinds = [(e["round"], e["kind"]) for e in state["events"]]
-    assert (1, "refused") in kinds and (2, "skipped") in kinds and (2, "retries") in kinds and (2, "resends") in kinds
+    assert (1, "refused") in kinds and (2, "retries") in kinds and (2, "resends") in kinds
+    assert {"round": 2, "kind": "skipped", "device": "dev002", "detail": "missed the deadline"} in state["events"]
     json.dumps(state, allow_nan=False)  # the page's JSON holds no NaN
 
 
@@ -113,7 +115,10 @@ def test_dashboard_addresses(text: str, expected: Address) -> None:
     assert parse_address("127.0.0.1:1").loopback and not parse_address("0.0.0.0:1").loopback
 
 
-@pytest.mark.parametrize(("text", "needle"), [("web", "takes \\[HOST:\\]PORT"), ("1:70000", "0-65535")])
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [("web", "takes \\[HOST:\\]PORT"), ("1:70000", "0-65535"), ("http://0.0.0.0:8080", "not an address to open")],
+)
 def test_a_bad_dashboard_address_is_one_line(text: str, needle: str) -> None:
     with pytest.raises(ConfigError, match=needle):
         parse_address(text)
@@ -161,7 +166,8 @@ def test_covey_report_writes_one_file_and_a_missing_run_is_one_line(
     assert "uPlot" in page and "/static/" not in page and "http" not in page.split("<body>", 1)[1][:2000]
     assert f"wrote {tmp_path / 'report.html'}" in capsys.readouterr().out
     assert main(["report", str(tmp_path / "missing")]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "missing does not exist" in err
 
 
 def test_a_page_served_elsewhere_follows_the_coordinators_state_file(tmp_path: Path) -> None:
@@ -315,3 +321,13 @@ def test_a_rounds_progress_reads_its_group_managers() -> None:
     assert group["mode"] == "chain" and states[0] == "skipped" and states[-1] == "waiting"
     assert [d for d, _ in group["members"]] == [m.device for m in manager.members]
     assert 0 < group["deadline_in_s"] <= 30
+
+
+def test_a_reports_title_names_the_strategy_and_the_run_as_the_live_page_does(tmp_path: Path) -> None:
+    from server.dashboard.report import report_title
+
+    named = doc()
+    named["settings"]["run"] = {"value": "site", "source": "flag"}
+    assert report_title(named, tmp_path / "results.json") == "covey: fedavg on site"
+    assert report_title(doc(), tmp_path / "results.json") == f"covey: fedavg on {tmp_path.name}"
+    assert report_title({}, tmp_path / "fedavg_synthetic_seed0.json") == "covey: a run on fedavg_synthetic_seed0"

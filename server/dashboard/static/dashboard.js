@@ -8,6 +8,9 @@
   const $ = (id) => document.getElementById(id);
   const charts = {};
   window.coveyCharts = charts;
+  // whether the page follows the boards now: not in a report, not once the run is over,
+  // not while the connection to the coordinator is down (then online is not known)
+  let following = false;
 
   function text(el, value) {
     el.textContent = value === null || value === undefined ? "–" : String(value);
@@ -34,8 +37,9 @@
       cell(row, b.id);
       cell(row, b.machine || "–");
       cell(row, b.backend || "–");
-      const on = cell(row, b.online === null ? "–" : b.online ? "online" : "offline");
-      on.className = b.online === false ? "bad" : b.online ? "good" : "";
+      const known = following && b.online !== null;
+      const on = cell(row, known ? (b.online ? "online" : "offline") : "–");
+      on.className = known ? (b.online ? "good" : "bad") : "";
       const seen = cell(row, "–");
       if (b.last_seen_at !== null) {
         seen.dataset.seenAt = String(b.last_seen_at);
@@ -47,19 +51,21 @@
       cell(row, b.throttled === null ? "–" : b.throttled ? "yes (0x" + b.throttled.toString(16) + ")" : "no");
       const refused = cell(row, b.refusals);
       if (b.refusals > 0) refused.className = "bad";
-      if (b.online === true) online += 1;
+      if (known && b.online) online += 1;
       body.appendChild(row);
     }
     text($("device-count"), fleet.length);
-    // a report, or a field test's page, does not know who is online
-    text($("online-count"), fleet.some((b) => b.online !== null) ? online : "–");
+    // a report, or a run that is over, does not know who is online now
+    text($("online-count"), following && fleet.some((b) => b.online !== null) ? online : "–");
   }
 
   function ageSeen() {
     // "N s ago" from the page's clock: the state carries when, not how long ago
     for (const td of document.querySelectorAll("td.seen")) {
-      const ago = Math.max(0, Date.now() / 1000 - Number(td.dataset.seenAt));
-      text(td, ago.toFixed(0) + " s ago");
+      const at = Number(td.dataset.seenAt);
+      const ago = Math.max(0, Date.now() / 1000 - at);
+      // once the page stops following, "N s ago" would keep growing: show the time instead
+      text(td, following ? ago.toFixed(0) + " s ago" : "at " + new Date(at * 1000).toLocaleTimeString());
     }
   }
   window.setInterval(ageSeen, 1000);
@@ -80,12 +86,16 @@
     text($("round-detail"), parts.join("; ") || "no round recorded yet");
     const now = $("progress");
     now.replaceChildren();
+    const offline = new Set(state.fleet.filter((b) => b.online === false).map((b) => b.id));
     for (const g of state.progress || []) {
       // a chain trains one member at a time: its first waiting member is the one at work
+      // (or, offline, the one the chain waits for until its deadline)
       let first = g.mode === "chain";
       const parts = g.members.map(([device, st]) => {
         let shown = st;
-        if (st === "waiting" && (first || g.mode !== "chain")) shown = "training";
+        if (st === "waiting" && (first || g.mode !== "chain")) {
+          shown = offline.has(device) ? "awaited (offline)" : "training";
+        }
         if (st === "waiting" && g.mode === "chain") first = false;
         return device + " " + shown;
       });
@@ -140,7 +150,7 @@
         width: width,
         height: 220,
         scales: { x: { time: false } },
-        axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500] }, { label: scale }],
+        axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500] }, { label: scale, size: 70 }],
         series: [{ label: "round" }].concat(labels.map((l, i) => ({ label: l, stroke: colours[i], width: 2 }))),
       };
       charts[name] = new uPlot(opts, data, el);
@@ -162,21 +172,26 @@
     chart("accuracy", $("accuracy-chart"), "accuracy", ["server", "federated"],
       [x, series(rows, "server_accuracy"), series(rows, "federated_accuracy")], "accuracy");
     const wire = rows.some((r) => r.wire_bytes_down !== null || r.wire_bytes_up !== null);
+    const mb = (key) => rows.map((r) => (r[key] === null ? null : r[key] / 1e6));
     if (wire) {
-      chart("bytes", $("bytes-chart"), "model bytes per round on the wire (" + (window.coveyState.run.codec) + ")",
-        ["to boards", "from boards"], [x, series(rows, "wire_bytes_down"), series(rows, "wire_bytes_up")], "bytes");
+      chart("bytes", $("bytes-chart"), "model frames per round on the wire (" + window.coveyState.run.codec + ")",
+        ["to boards", "from boards"], [x, mb("wire_bytes_down"), mb("wire_bytes_up")], "MB");
     } else {
-      chart("bytes", $("bytes-chart"), "modelled bytes per round", ["bytes"], [x, series(rows, "bytes")], "bytes");
+      // boards' runs do not count frames; the cost model's bytes (FedGSP Eq. 15-17) stand in
+      chart("bytes", $("bytes-chart"), "model bytes per round, modelled (FedGSP Eq. 15-17)", ["bytes"],
+        [x, mb("bytes")], "MB");
     }
   }
 
-  function heat(canvas, caption, unit, matrix, sources, ids, order) {
+  const LABEL = 64; // px of the heatmaps' left and top margins, for board ids
+
+  function heat(canvas, caption, unit, matrix, sources, ids, order, groupOf) {
     const ctx = canvas.getContext("2d");
     ctx.clearRect(0, 0, canvas.width, canvas.height);
+    canvas.coveyCell = null;
     if (!matrix || !ids.length) return;
     const n = ids.length;
-    const margin = 4;
-    const size = (Math.min(canvas.width, canvas.height) - 2 * margin) / n;
+    const size = (Math.min(canvas.width, canvas.height) - LABEL - 4) / n;
     let lo = Infinity;
     let hi = -Infinity;
     for (const row of matrix) {
@@ -188,26 +203,83 @@
       }
     }
     if (lo > hi) return; // nothing measured
-    text(caption, unit + ": " + lo.toFixed(1) + " (blue) to " + hi.toFixed(1) + " (red)");
+    text(caption, lo.toFixed(1) + " " + unit + " (blue) to " + hi.toFixed(1) + " " + unit + " (red)");
     order.forEach((i, r) => {
       order.forEach((j, c) => {
         const v = matrix[i] ? matrix[i][j] : null;
         if (typeof v === "number") {
           const t = hi > lo ? (v - lo) / (hi - lo) : 0.5;
-          ctx.fillStyle = "hsl(" + (240 - 200 * t).toFixed(0) + ", 70%, 55%)";
+          ctx.fillStyle = "hsl(" + (240 - 240 * t).toFixed(0) + ", 70%, 55%)";
         } else {
           ctx.fillStyle = "#ddd";
         }
-        ctx.fillRect(margin + c * size, margin + r * size, size, size);
+        ctx.fillRect(LABEL + c * size, LABEL + r * size, size, size);
         const src = sources && sources[i] ? String(sources[i][j]) : "";
         if (size >= 12 && src && src !== "measured" && src !== "self" && src !== "transfer") {
           ctx.fillStyle = "#000";
           ctx.font = Math.floor(size * 0.6) + "px sans-serif";
-          ctx.fillText("·", margin + c * size + size * 0.4, margin + r * size + size * 0.7);
+          ctx.fillText("·", LABEL + c * size + size * 0.4, LABEL + r * size + size * 0.7);
         }
       });
     });
+    // board ids along both axes (drawn as text: an id is never markup), where they fit
+    if (size >= 7) {
+      ctx.fillStyle = "#333";
+      ctx.font = Math.min(11, Math.floor(size * 0.9)) + "px sans-serif";
+      ctx.textBaseline = "middle";
+      const short = (id) => (id.length > 9 ? id.slice(0, 8) + "…" : id);
+      order.forEach((i, k) => {
+        ctx.textAlign = "right";
+        ctx.fillText(short(ids[i]), LABEL - 3, LABEL + (k + 0.5) * size);
+        ctx.save();
+        ctx.translate(LABEL + (k + 0.5) * size, LABEL - 3);
+        ctx.rotate(-Math.PI / 2);
+        ctx.textAlign = "left";
+        ctx.fillText(short(ids[i]), 0, 0);
+        ctx.restore();
+      });
+      ctx.textAlign = "left";
+      ctx.textBaseline = "alphabetic";
+    }
+    // the groups drawn over the matrix: a line where one group ends and the next begins
+    ctx.strokeStyle = "#000";
+    ctx.lineWidth = 1.5;
+    for (let k = 1; k < n; k++) {
+      if (groupOf[ids[order[k]]] !== groupOf[ids[order[k - 1]]]) {
+        const at = LABEL + k * size;
+        ctx.beginPath();
+        ctx.moveTo(at, LABEL);
+        ctx.lineTo(at, LABEL + n * size);
+        ctx.moveTo(LABEL, at);
+        ctx.lineTo(LABEL + n * size, at);
+        ctx.stroke();
+      }
+    }
+    canvas.coveyCell = { label: LABEL, size: size, n: n, order: order, ids: ids, matrix: matrix, sources: sources,
+      unit: unit };
   }
+
+  function hover(canvas, readout) {
+    // the entry under the pointer, in words: "a-01 → b-02: 12.3 dB (measured)"
+    canvas.addEventListener("mousemove", (event) => {
+      const cellInfo = canvas.coveyCell;
+      if (!cellInfo) return;
+      const box = canvas.getBoundingClientRect();
+      const scale = canvas.width / box.width;
+      const c = Math.floor(((event.clientX - box.left) * scale - LABEL) / cellInfo.size);
+      const r = Math.floor(((event.clientY - box.top) * scale - LABEL) / cellInfo.size);
+      if (r < 0 || c < 0 || r >= cellInfo.n || c >= cellInfo.n) return;
+      const i = cellInfo.order[r];
+      const j = cellInfo.order[c];
+      const v = cellInfo.matrix[i] ? cellInfo.matrix[i][j] : null;
+      const src = cellInfo.sources && cellInfo.sources[i] ? cellInfo.sources[i][j] : null;
+      const pair = i === j ? cellInfo.ids[i] + " ↔ server" : cellInfo.ids[i] + " → " + cellInfo.ids[j];
+      text(readout, pair + ": " + (typeof v === "number" ? v.toFixed(1) + " " + cellInfo.unit : "–") +
+        (src ? " (" + src + ")" : ""));
+    });
+  }
+  hover($("snr-map"), $("snr-hover"));
+  hover($("rtt-map"), $("rtt-hover"));
 
   function renderLinks(state) {
     const links = state.links;
@@ -223,10 +295,10 @@
       const gb = groupOf[ids[b]] === undefined ? 1e9 : groupOf[ids[b]];
       return ga - gb || a - b;
     });
-    text($("links-note"), ids.length + " boards, ordered by the last round's groups; a dot marks a filled entry " +
-      "(not measured on that path)");
-    heat($("snr-map"), $("snr-caption"), "Γ (dB)", links.snr_db, links.snr_source, ids, order);
-    heat($("rtt-map"), $("rtt-caption"), "RTT (ms)", links.rtt_ms, links.rtt_source, ids, order);
+    text($("links-note"), ids.length + " boards, ordered by the last round's groups (lines part them); a dot " +
+      "marks a filled entry (not measured on that path); point at an entry to read it");
+    heat($("snr-map"), $("snr-caption"), "dB", links.snr_db, links.snr_source, ids, order, groupOf);
+    heat($("rtt-map"), $("rtt-caption"), "ms", links.rtt_ms, links.rtt_source, ids, order, groupOf);
   }
 
   function renderEvents(events) {
@@ -240,13 +312,17 @@
     if (!events.length) text(list, "none");
   }
 
+  const embedded = $("covey-state");
+
   function render(state) {
     window.coveyState = state;
     const title = $("page-title") ? $("page-title").textContent : "covey";
     text($("title"), title);
     const run = state.run;
+    const over = run.status === "finished" || run.status === "stopped";
+    if (over) following = false;
     text($("status"), (run.strategy || "a run") + ": " + run.status + ", " + run.rounds_done + " round(s) recorded, " +
-      run.codec + " models");
+      run.codec + " models" + (over && !embedded ? "; the page shows the run as it ended" : ""));
     renderFleet(state.fleet);
     ageSeen();
     renderRound(state);
@@ -261,16 +337,21 @@
     document.body.dataset.rounds = String(run.rounds_done);
   }
 
-  const embedded = $("covey-state");
   if (embedded) {
     render(JSON.parse(embedded.textContent));
   } else {
     const stream = new EventSource("/events" + window.location.search);
     stream.onmessage = (event) => {
       const state = JSON.parse(event.data);
+      following = true; // render() stops following a run that is over
       render(state);
-      if (state.run && state.run.status === "finished") stream.close(); // the coordinator is done
+      if (!following) stream.close(); // the coordinator is done
     };
-    stream.onerror = () => text($("status"), "connection to the coordinator lost; retrying");
+    stream.onerror = () => {
+      // the coordinator went away (its run ended, or it failed): who is online is no longer known
+      following = false;
+      if (window.coveyState) render(window.coveyState);
+      text($("status"), "connection to the coordinator lost; retrying (the page shows the run as it last was)");
+    };
   }
 })();
