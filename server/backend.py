@@ -42,6 +42,9 @@ class RoundStats:
     rejected: dict[str, int] = field(default_factory=dict)
     wire_bytes: dict[str, int] = field(default_factory=dict)
     resends: int = 0  # requests and models sent again, outputs asked for again
+    # the round's model payloads on the coordinator's link, "sent" and "received"
+    # (RoundExecution.payload_bytes): the same count on boards and in simulation
+    server_bytes: dict[str, int] = field(default_factory=dict)
 
     def wire_extra(self) -> dict[str, float]:
         """The measured frames for a record's ``extra``, beside the modelled ``bytes``:

@@ -239,6 +239,7 @@ class RoundDriver:
         extra.update(stats.wire_extra())
         if stats.resends:
             extra["resends"] = float(stats.resends)
+        extra.update({f"server_bytes_{k}": float(v) for k, v in stats.server_bytes.items()})
         dropped, rejected = self.refusals.tally(stats.dropped, stats.rejected)
         record = RoundRecord(
             round=self.rnd,

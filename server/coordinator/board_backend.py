@@ -102,4 +102,10 @@ class BoardBackend:
 
     def round_stats(self) -> RoundStats:
         by_reason, by_device = self.bus.take_drops()
-        return RoundStats(self.execution.handoff_counts(), by_reason, by_device, resends=self.execution.resends())
+        return RoundStats(
+            self.execution.handoff_counts(),
+            by_reason,
+            by_device,
+            resends=self.execution.resends(),
+            server_bytes=self.execution.payload_bytes(),
+        )

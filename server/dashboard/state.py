@@ -209,6 +209,8 @@ def page_state(
         row["resends"] = int(_number(extra.get("resends")) or 0)
         for kind in ("down", "up"):  # model frames as they crossed the wire, in the run's codec
             row[f"wire_bytes_{kind}"] = _number(extra.get(f"wire_bytes_{kind}"))
+        for way in ("sent", "received"):  # model payloads on the coordinator's link (boards too)
+            row[f"server_bytes_{way}"] = _number(extra.get(f"server_bytes_{way}"))
         # each group model's accuracy over its clients (server/rounds.py), where there are groups
         row["group_accuracy"] = {
             k.removeprefix("group_acc_"): _number(v) for k, v in extra.items() if str(k).startswith("group_acc_")

@@ -221,6 +221,7 @@ class EdgeGroupProxy(GroupManager):
         # a chain's members train one after another; the group's model then crosses the uplink
         self.span_s = book.deadline_s * ((len(plan.members) if plan.mode == "chain" else 1) + 1)
         self._resends = 0  # the task or the start model sent to the edge again
+        self._bytes_sent = 0  # the start model to the edge
 
     def start(self, now: float) -> None:
         if self.book.bases is not None:  # the group's model may come back as a delta against it
@@ -247,6 +248,7 @@ class EdgeGroupProxy(GroupManager):
     def _send_model(self) -> None:
         _, models = edge_topics(self.topics, self.edge)
         weights = np.asarray(self.start_weights, np.float32)
+        self._bytes_sent += int(weights.nbytes)
         send_model(
             self.publish,
             models,
@@ -271,6 +273,10 @@ class EdgeGroupProxy(GroupManager):
     @property
     def resends(self) -> int:
         return self._resends
+
+    @property
+    def bytes_sent(self) -> int:
+        return self._bytes_sent
 
     def release(self) -> None:
         """Nothing of this group's is on the central broker."""

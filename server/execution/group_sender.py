@@ -143,6 +143,9 @@ class GroupSender:
         # what went again: a request or a model sent again, or a member asked to send its
         # output again (for people: the dashboard's resends per round)
         self.resends = 0
+        # model payload bytes the manager sent (a shared broadcast once): the coordinator's
+        # link, for people (the record's extra["server_bytes_sent"], the dashboard)
+        self.bytes_sent = 0
 
     @property
     def direct(self) -> bool:
@@ -217,6 +220,7 @@ class GroupSender:
         if self.downlinks is not None:
             self.downlinks.sent(member.device, member.task_id, payload_key(payload))
         self._sent[member.task_id] = (weights, payload, codec, base)  # until its output is in
+        self.bytes_sent += int(payload.nbytes)
         send_model(
             self.publish,
             self.topics.frames(member.device),
@@ -260,6 +264,7 @@ class GroupSender:
                     self.bases[payload_key(payload)] = self.start_weights
             # published before the requests, retained: a member that subscribes on its
             # request is sure to find it
+            self.bytes_sent += int(payload.nbytes)
             self.shared_key = self.shared.publish(
                 payload,
                 round_=self.round,

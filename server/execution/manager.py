@@ -117,6 +117,11 @@ class GroupManager:
         """Requests and models sent again, and outputs asked for again, so far."""
         return self.sender.resends
 
+    @property
+    def bytes_sent(self) -> int:
+        """Model payload bytes sent so far (:attr:`GroupSender.bytes_sent`)."""
+        return self.sender.bytes_sent
+
     def release(self) -> None:
         """Clear the group's shared start model from the broker (the round is over)."""
         self.sender.release()

@@ -109,6 +109,8 @@ class RoundExecution:
         self.task_prefix = task_prefix
         self._attempts: dict[int, int] = {}  # round -> plans executed
         self._earlier_resends = 0  # this round's earlier plans' (a retried round)
+        self._earlier_sent = 0  # likewise, model payload bytes sent
+        self._received = 0  # model payload bytes that reached the managers this round
 
     def next_prefix(self, rnd: int) -> str:
         """The task-id prefix of round ``rnd``'s next plan: a retried plan's tasks are new
@@ -136,6 +138,9 @@ class RoundExecution:
         now = self.clock()
         same_round = bool(self.managers) and self.managers[0].round == plan.round
         self._earlier_resends = self.resends() if same_round else 0
+        self._earlier_sent = self.payload_bytes()["sent"] if same_round else 0
+        if not same_round:
+            self._received = 0
         self.managers = []
         self.bases.clear()  # the start models int8 deltas may name: this plan's
         prefix = self.next_prefix(plan.round)
@@ -267,6 +272,7 @@ class RoundExecution:
 
     def on_frame(self, payload: Payload, weights: np.ndarray) -> Outcome:
         now = self.clock()
+        self._received += int(payload.array.nbytes)  # it crossed the coordinator's link, taken or not
         h = payload.header
         if any(m.plan.group_id == h.group and m.on_frame(payload, weights, now) for m in self.managers):
             return "accepted"
@@ -315,6 +321,13 @@ class RoundExecution:
         """This round's requests and models sent again and outputs asked for again
         (after a lost connection or a deadline), over every plan it ran."""
         return self._earlier_resends + sum(m.resends for m in self.managers)
+
+    def payload_bytes(self) -> dict[str, int]:
+        """This round's model payloads on the coordinator's link: ``sent`` by its managers
+        (start models, relayed hand-offs, resends; a shared broadcast once) and
+        ``received`` from devices and edges, over every plan it ran."""
+        sent = self._earlier_sent + sum(m.bytes_sent for m in self.managers)
+        return {"sent": sent, "received": self._received}
 
     def handoff_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -65,6 +65,10 @@ class SplitGroupManager(GroupManager):
     def resends(self) -> int:
         return sum(p.resends for p in self.parts)
 
+    @property
+    def bytes_sent(self) -> int:
+        return sum(p.bytes_sent for p in self.parts)
+
     def owns(self, device: str) -> bool:
         return any(p.owns(device) for p in self.parts)
 

@@ -276,6 +276,7 @@ class VirtualDevices:
             {"message refused by a simulated device or manager": dropped} if dropped else {},
             wire_bytes=wire,
             resends=self.execution.resends(),
+            server_bytes=self.execution.payload_bytes(),
         )
 
     def close(self) -> None:

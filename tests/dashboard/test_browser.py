@@ -96,6 +96,13 @@ def test_the_live_page_follows_a_run_of_six_boards(browser: Any, broker: Any, tm
     status = browser.find_element("id", "status")
     wait_for(lambda: "as it ended" in status.text, 30, f"the page to say the run ended: {status.text}")
     assert browser.find_element("id", "online-count").text == "–"
+    # the coordinator's link: FedAvg's start model broadcast once, each board's model back (fp32)
+    extra = results["rounds"][-1]["extra"]
+    model = 4 * 433_726  # the FEMNIST MLP
+    assert (extra["server_bytes_sent"], extra["server_bytes_received"]) == (model, 6 * model)
+    received = browser.execute_script("return window.coveyCharts.bytes.data[2].slice(-1)[0]")
+    assert received == pytest.approx(6 * model / 1e6)
+    assert "coordinator's link" in browser.find_element("id", "bytes-chart").text
     planned = results["rounds"][-1]["plan"]  # FedAvg: one parallel group of every board
     assert [(g["mode"], len(g["members"])) for g in planned] == [("parallel", 6)]
     shown = browser.find_element("css selector", "#plan li").text

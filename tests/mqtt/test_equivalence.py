@@ -229,4 +229,7 @@ def test_direct_chains_with_silent_members_give_the_same_models_both_ways(broker
     resends = [r.extra.get("resends") for r in result.mqtt]
     sim_resends = [r.extra.get("resends") for r in result.sim]
     assert resends[0] == 2 and sim_resends == resends, (resends, sim_resends)  # round 1: one per silent member
+    for way in ("sent", "received"):  # the coordinator's link carried the same model payloads
+        mqtt_bytes = [r.extra[f"server_bytes_{way}"] for r in result.mqtt]
+        assert [r.extra[f"server_bytes_{way}"] for r in result.sim] == mqtt_bytes and min(mqtt_bytes) > 0, way
     assert [r.federated_accuracy for r in result.sim] == pytest.approx([r.federated_accuracy for r in result.mqtt])

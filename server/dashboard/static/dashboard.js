@@ -173,11 +173,17 @@
       [x, series(rows, "server_accuracy"), series(rows, "federated_accuracy")], "accuracy");
     const wire = rows.some((r) => r.wire_bytes_down !== null || r.wire_bytes_up !== null);
     const mb = (key) => rows.map((r) => (r[key] === null ? null : r[key] / 1e6));
+    const server = rows.some((r) => r.server_bytes_sent !== null || r.server_bytes_received !== null);
+    const codec = " (" + window.coveyState.run.codec + ")";
     if (wire) {
-      chart("bytes", $("bytes-chart"), "model frames per round on the wire (" + window.coveyState.run.codec + ")",
+      chart("bytes", $("bytes-chart"), "model frames per round on the wire" + codec,
         ["to boards", "from boards"], [x, mb("wire_bytes_down"), mb("wire_bytes_up")], "MB");
+    } else if (server) {
+      // what boards' runs count: the coordinator's own link (direct hand-offs bypass it)
+      chart("bytes", $("bytes-chart"), "model payloads per round on the coordinator's link" + codec,
+        ["sent", "received"], [x, mb("server_bytes_sent"), mb("server_bytes_received")], "MB");
     } else {
-      // boards' runs do not count frames; the cost model's bytes (FedGSP Eq. 15-17) stand in
+      // a record with neither count: the cost model's bytes (FedGSP Eq. 15-17) stand in
       chart("bytes", $("bytes-chart"), "model bytes per round, modelled (FedGSP Eq. 15-17)", ["bytes"],
         [x, mb("bytes")], "MB");
     }
