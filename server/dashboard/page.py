@@ -39,7 +39,7 @@ BODY = """<header>
   <section id="learning-panel"><h2>Learning</h2>
     <p>last server accuracy <b id="last-server-accuracy">–</b>, federated <b id="last-federated-accuracy">–</b></p>
     <p id="group-accuracy"></p>
-    <div id="accuracy-chart"></div><div id="bytes-chart"></div></section>
+    <div id="accuracy-chart"></div><div id="loss-chart"></div><div id="bytes-chart"></div></section>
   <section id="links-panel"><h2>Links</h2><p id="links-note"></p>
     <div class="heatmaps">
       <figure><figcaption>Γ, effective SNR: <span id="snr-caption">dB</span></figcaption>

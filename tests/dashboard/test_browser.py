@@ -50,6 +50,15 @@ def test_a_report_shows_a_hostile_board_id_as_text(browser: Any, tmp_path: Path)
     assert browser.find_element("id", "device-count").text == "3"
     assert browser.find_element("id", "last-server-accuracy").text == "40.00 %"
     assert browser.execute_script("return window.coveyCharts.accuracy.data[1].slice(-1)[0]") == 0.4
+    # each group model's curve beside them (round 2's group accuracies), and the losses
+    groups = browser.execute_script("return window.coveyCharts.accuracy.series.slice(3).map((s) => s.label)")
+    assert groups == ["group 0", "group 1"]
+    assert browser.execute_script("return window.coveyCharts.accuracy.data.slice(3).map((d) => d[1])") == [0.5, 0.25]
+    assert browser.execute_script("return window.coveyCharts.loss.series.map((s) => s.label)") == [
+        "round",
+        "server",
+        "training",
+    ]
     assert console_errors(browser) == []
     keep_screenshot(browser, "dashboard-report.png")
 
@@ -161,6 +170,7 @@ def test_a_live_page_says_what_a_chain_waits_on_and_when_it_lost_the_coordinator
         wait_for(lambda: browser.find_element("id", "online-count").text == "1", 20, "the live fleet")
         progress = browser.find_element("id", "progress").text
         canvas = browser.find_element("id", "snr-map")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", canvas)
         cell, label = browser.execute_script("const c = arguments[0].coveyCell; return [c.size, c.label]", canvas)
         width = browser.execute_script("return arguments[0].getBoundingClientRect().width", canvas)
         scale = width / float(canvas.get_attribute("width"))

@@ -24,6 +24,8 @@ def doc() -> dict:
         {
             "round": 1,
             "server_accuracy": 0.2,
+            "server_loss": 2.5,
+            "train_loss": 2.9,
             "federated_accuracy": None,
             "trained": 3,
             "skipped": 0,
@@ -36,6 +38,8 @@ def doc() -> dict:
         {
             "round": 2,
             "server_accuracy": 0.4,
+            "server_loss": 1.9,
+            "train_loss": 2.1,
             "federated_accuracy": 0.35,
             "trained": 2,
             "skipped": 1,

@@ -144,14 +144,17 @@
       delete charts[name];
     }
     if (!charts[name]) {
-      const colours = ["#1f77b4", "#ff7f0e", "#2ca02c"];
+      const colours = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+        "#bcbd22", "#17becf"];
       const opts = {
         title: title,
         width: width,
         height: 220,
         scales: { x: { time: false } },
         axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500] }, { label: scale, size: 70 }],
-        series: [{ label: "round" }].concat(labels.map((l, i) => ({ label: l, stroke: colours[i], width: 2 }))),
+        series: [{ label: "round" }].concat(labels.map((l, i) => ({
+          label: l, stroke: colours[i % colours.length], width: i < 2 ? 2 : 1, dash: i < 2 ? undefined : [4, 3],
+        }))),
       };
       charts[name] = new uPlot(opts, data, el);
       charts[name].coveyKey = key;
@@ -159,6 +162,8 @@
       charts[name].setData(data);
     }
   }
+
+  const MAX_GROUP_CURVES = 8;
 
   function renderLearning(rows) {
     const last = rows[rows.length - 1] || {};
@@ -169,8 +174,16 @@
       Object.entries(scored.group_accuracy).map(([g, a]) => "group " + g + " " + pct(a)).join(", ") : "");
     if (!rows.length || typeof uPlot === "undefined") return;
     const x = rows.map((r) => r.round);
-    chart("accuracy", $("accuracy-chart"), "accuracy", ["server", "federated"],
-      [x, series(rows, "server_accuracy"), series(rows, "federated_accuracy")], "accuracy");
+    // each group model's accuracy over its clients, dashed, where the strategy has group
+    // models (the first MAX_GROUP_CURVES groups: a chart of fifty lines says nothing)
+    const groups = [...new Set(rows.flatMap((r) => Object.keys(r.group_accuracy || {})))]
+      .sort((a, b) => Number(a) - Number(b)).slice(0, MAX_GROUP_CURVES);
+    chart("accuracy", $("accuracy-chart"), "accuracy", ["server", "federated"].concat(groups.map((g) => "group " + g)),
+      [x, series(rows, "server_accuracy"), series(rows, "federated_accuracy")].concat(
+        groups.map((g) => rows.map((r) => (r.group_accuracy && typeof r.group_accuracy[g] === "number"
+          ? r.group_accuracy[g] : null)))), "accuracy");
+    chart("loss", $("loss-chart"), "loss", ["server", "training"],
+      [x, series(rows, "server_loss"), series(rows, "train_loss")], "loss");
     const wire = rows.some((r) => r.wire_bytes_down !== null || r.wire_bytes_up !== null);
     const mb = (key) => rows.map((r) => (r[key] === null ? null : r[key] / 1e6));
     const server = rows.some((r) => r.server_bytes_sent !== null || r.server_bytes_received !== null);
