@@ -99,6 +99,12 @@ class Backend(Protocol):
         """Counters since the previous call."""
         ...
 
+    def offline(self) -> frozenset[str]:
+        """Registered devices known to be unreachable now (a board whose last will the
+        broker published); the driver plans around them. A simulation's devices are
+        never offline (a silent one is reachable and does not answer)."""
+        ...
+
 
 @dataclass
 class RoundRecord:

@@ -319,7 +319,7 @@ class RoundDriver:
                 attempt,
                 self.max_attempts,
             )
-            self.strategy.unavailable = frozenset(excluded)
+            self.strategy.unavailable = frozenset(excluded) | self.backend.offline()
             try:
                 retry = scheduled(self.strategy.plan_round(self.rnd, self.context))
             except (CoveyError, ValueError) as exc:  # nobody else to ask, or too few to group
@@ -345,7 +345,22 @@ class RoundDriver:
         return hop_bound(self.screening, self.defense.past(), server)
 
     def _plan(self) -> RoundPlan:
-        plan = scheduled(self.strategy.plan_round(self.rnd, self.context))
+        """The round's first plan, around the devices the backend knows are offline (a
+        board whose last will came: asking it would only cost the round its deadline).
+        If no plan can do without them, the plan asks everyone, as before."""
+        offline = self.backend.offline() & {c.client_id for c in self.backend.clients()}
+        plan = None
+        if offline:
+            log.info("round %d: planning without offline devices %s", self.rnd, ", ".join(sorted(offline)))
+            self.strategy.unavailable = frozenset(offline)
+            try:
+                plan = scheduled(self.strategy.plan_round(self.rnd, self.context))
+            except (CoveyError, ValueError) as exc:  # too few left to sample or group
+                log.warning("round %d: no plan without the offline devices (%s); asking them too", self.rnd, exc)
+            finally:
+                self.strategy.unavailable = frozenset()
+        if plan is None:
+            plan = scheduled(self.strategy.plan_round(self.rnd, self.context))
         if self.on_planned is not None:
             self.on_planned(plan)
         return plan

@@ -100,6 +100,9 @@ class BoardBackend:
             return {}
         return {d: name for name, devices in book.edges.items() for d in devices}
 
+    def offline(self) -> frozenset[str]:
+        return frozenset(d for d, r in self.registry.devices.items() if not r.online)
+
     def round_stats(self) -> RoundStats:
         by_reason, by_device = self.bus.take_drops()
         return RoundStats(

@@ -313,7 +313,7 @@ class Coordinator:
         else:
             self.prober.refresh()
         log.info(
-            "round %d: server accuracy %.2f%%, federated %.2f%%, %d group(s) ran, %d trained, %d skipped, %.1f s",
+            "round %d: server accuracy %.2f%%, federated %.2f%%, %d group(s), %d trained, %d skipped, %.1f s",
             record.round,
             100 * record.server_accuracy,
             100 * record.federated_accuracy,

@@ -179,11 +179,12 @@ class Inbox:
                 return
             weights = check_weights(payload, self.settings.n_params, self.bases)  # int8: against its start
             body: object = payload.header
+            size = int(payload.array.nbytes)
         elif kind == "results":
-            body, weights = decode_edge(item.payload, self.settings.run), None
+            body, weights, size = decode_edge(item.payload, self.settings.run), None, 0
         else:
             raise ProtocolError(f"an edge sends no {kind} messages")
-        outcome = self.execution.on_edge(user, body, weights)
+        outcome = self.execution.on_edge(user, body, weights, size)
         if outcome == "duplicate":
             self.drop("duplicate edge message", f"{user} {type(body).__name__}", quiet=True)
         elif outcome == "unexpected":

@@ -119,6 +119,7 @@ class StateFile:
         text = json.dumps(state, allow_nan=False, separators=(",", ":"))
         if text != self._text:
             # renamed into place, not synced to disk: it is a view, rewritten within a second
+            self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_name(f".{self.path.name}.tmp")
             tmp.write_text(text)
             os.replace(tmp, self.path)
@@ -140,6 +141,10 @@ class Views:
             v.publish(state)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON a page can show")
+
+
 class StateFileFeed:
     """Publishes the page state a coordinator elsewhere keeps in a :class:`StateFile`
     (``covey server run --dashboard-state FILE``), read again whenever the file changes
@@ -155,8 +160,9 @@ class StateFileFeed:
     def __init__(self, view: LiveView, path: Path) -> None:
         self.view, self.path = view, path
         self._stop = threading.Event()
-        self._seen: tuple[int, int] | None = None
+        self._seen: tuple[int, int, int] | None = None
         self._state: dict[str, Any] = page_state({}, status="starting")
+        self._failing = False
         self.thread = threading.Thread(target=self._poll, name="dashboard-file-feed", daemon=True)
 
     def start(self) -> StateFileFeed:
@@ -169,20 +175,29 @@ class StateFileFeed:
             self.read()
 
     def read(self) -> None:
-        """Publish the file's state if it changed since the last read and is a page state."""
+        """Publish the file's state if it changed since the last read and is a page state.
+        Nothing in the file can stop the feed: what the page cannot take is logged once
+        and the page keeps its last state."""
         try:
             st = self.path.stat()
-            if (st.st_mtime_ns, st.st_size) == self._seen:
+            seen = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if seen == self._seen:
                 return
-            state = json.loads(self.path.read_text())
-        except (OSError, ValueError):  # not there yet, or not JSON: the page keeps its last state
+            state = json.loads(self.path.read_text(), parse_constant=_no_constant)
+        except (OSError, ValueError, RecursionError):  # not there yet, or not whole JSON: later
             return
-        self._seen = (st.st_mtime_ns, st.st_size)
-        if not isinstance(state, dict) or not isinstance(state.get("run"), dict):
-            log.warning("%s is not a dashboard state; the page keeps its last one", self.path)
+        self._seen = seen
+        try:
+            if not isinstance(state, dict) or not isinstance(state.get("run"), dict):
+                raise ValueError("not a page state")
+            self.view.publish(state)
+        except Exception as exc:  # a corrupt or foreign file: the page keeps its last state
+            if not self._failing:
+                log.warning("%s: the page cannot show it (%s); it keeps its last state", self.path, exc)
+            self._failing = True
             return
+        self._failing = False
         self._state = state
-        self.view.publish(state)
 
     def finish(self) -> None:
         """The run is over: a last read, no more polling. A coordinator that stopped
@@ -194,7 +209,7 @@ class StateFileFeed:
         self._seen = None
         self.read()
         run = self._state["run"]
-        if run.get("status") != "finished":
+        if run.get("status") != "finished":  # the state was published once, so it is a page state
             run.update(status="stopped", round_in_progress=None)
             self._state["progress"] = []
             for board in self._state.get("fleet") or []:

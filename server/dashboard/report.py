@@ -18,7 +18,10 @@ def results_of(path: Path) -> tuple[Path, dict[str, object]]:
     missing or unreadable file is one :class:`ConfigError` naming it."""
     if not path.exists():
         raise ConfigError(f"{path} does not exist; give a run's --state-dir or --out folder, or its results file")
-    candidates = [path] if path.is_file() else [path / "results.json", *sorted(path.glob("*.json"))]
+    # a folder: its results.json, else another results file (a simulation's output folder),
+    # never the live page's state file a coordinator keeps beside them
+    others = [p for p in sorted(path.glob("*.json")) if p.name != "dashboard-state.json"] if path.is_dir() else []
+    candidates = [path] if path.is_file() else [path / "results.json", *others]
     for candidate in candidates:
         if candidate.is_file():
             try:

@@ -315,7 +315,7 @@ class EdgeGroupProxy(GroupManager):
             log.info(
                 "round %d group %d: edge %s lacks the start model; sending it", self.round, report.group_id, self.edge
             )
-            self._resends += 1
+            self._resends += 2  # the model and the task again, one message each as GroupSender counts
             self._send_model()
             self._send_task()
             self.deadline = max(self.deadline, now + self.span_s)

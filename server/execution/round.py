@@ -246,9 +246,11 @@ class RoundExecution:
             hop=hop,
         )
 
-    def on_edge(self, edge: str, body: object, weights: np.ndarray | None = None) -> Outcome:
-        """A report or the group model from ``edge`` (:mod:`server.edge.proxy`)."""
+    def on_edge(self, edge: str, body: object, weights: np.ndarray | None = None, size: int = 0) -> Outcome:
+        """A report or the group model from ``edge`` (:mod:`server.edge.proxy`); ``size``:
+        the model's payload bytes as they came (counted as received)."""
         now = self.clock()
+        self._received += size
         if any(m.on_edge(edge, body, weights, now) for m in self.managers):
             return "accepted"
         # the bridge delivers at least once: a report or model again after a reconnect

@@ -268,6 +268,9 @@ class VirtualDevices:
     def site_edges(self) -> dict[str, str]:
         return dict(self._site_edges)
 
+    def offline(self) -> frozenset[str]:
+        return frozenset()
+
     def round_stats(self) -> RoundStats:
         wire, self.bus.wire = self.bus.wire, {"down": 0, "up": 0, "peer": 0}
         dropped, self.bus.dropped = self.bus.dropped, 0

@@ -84,7 +84,10 @@ class FedGSP(Strategy):
         self.icg_iterations = icg_iterations
         self.last_groups: list[list[str]] = []
         self.last_cpd: float = float("nan")
-        self.last_f_r = 0  # the groups formed when the round was planned (Eq. 11), of which κ train
+        # f(r) when the round was planned (Eq. 11), and the groups ICG formed for it: on a
+        # small site Algorithm 2's layout may form more (3 boards, f(r) = 2: three groups
+        # of one), of which κ train
+        self.last_f_r = self.last_formed = 0
         self.fixed_groups: list[list[str]] = []  # static strategies: the chains, in order
 
     def n_groups(self, rnd: int) -> int:
@@ -100,6 +103,7 @@ class FedGSP(Strategy):
         else:
             idx = random_groups(len(ids), k, self.rng)
         self.last_cpd = float(np.median(pairwise_cpd(counts, idx))) if len(idx) > 1 else 0.0
+        self.last_formed = len(idx)
         return [[ids[i] for i in g] for g in idx]
 
     def plan_round(self, rnd: int, ctx: RoundContext) -> RoundPlan:
@@ -123,6 +127,14 @@ class FedGSP(Strategy):
             )
         self.last_groups = [list(p.members) for p in plans]
         return RoundPlan(rnd, plans, {"global": self.global_weights}, self.train)
+
+    def _round_extra(self, rnd: int) -> dict[str, float]:
+        """f(r) and the groups formed as the round was planned (a newcomer that registered
+        since changes neither); a strategy restored from a checkpoint older than these
+        fields, or a static one, falls back to f(r) now and its fixed groups."""
+        f_r = getattr(self, "last_f_r", 0) or self.n_groups(rnd)
+        formed = getattr(self, "last_formed", 0) or len(self.fixed_groups) or f_r
+        return {"median_cpd": self.last_cpd, "f_r": float(f_r), "groups_formed": float(formed)}
 
     def add_client(self, client: ClientInfo) -> None:
         """A newcomer. Dynamic FedGSP groups it from the next round on; a static strategy
@@ -158,8 +170,7 @@ class FedGSP(Strategy):
             len(plan.groups),
             self.last_groups,
             mean_loss(results),
-            # f(r) as planned: the candidates may have changed since (a device that failed)
-            {"median_cpd": self.last_cpd, "f_r": float(self.last_f_r or self.n_groups(rnd))},
+            self._round_extra(rnd),
         )
 
 

@@ -127,3 +127,36 @@ def test_flexcfl_over_mqtt_with_a_newcomer_and_a_migration(broker, femnist_eval,
     assert "dev005" in strategy.assignment  # the newcomer joined a group (FedGroup Eq. 9)
     assert strategy.migrations >= 1 and metrics.extra["migrated"] >= 1  # dev001 was cold-started again
     assert metrics.trained == 6 and not metrics.dropped
+
+
+@pytest.mark.broker
+def test_a_board_gone_offline_is_planned_around_not_waited_for(broker, tmp_path) -> None:
+    # Prepare: FedAvg asks all four boards each round; after round 1 one board's agent is
+    # killed (no clean stop: the broker publishes its last will, "offline")
+    root = femnist_root()
+    run = "m-offline"
+    strategy = make_strategy("fedavg", train=TRAIN, clients_per_round=4)
+    with start_fleet(
+        root, leaf_writers(root, 4), run=run, host=broker.host, port=broker.port, log_dir=tmp_path
+    ) as fleet:
+        coord = _coordinator(broker, None, tmp_path, run, strategy)
+        coord.wait_for_devices(4, 120)
+        coord.setup_strategy()
+        first = coord.step()
+        fleet.processes[3].kill()
+        fleet.processes[3].wait(10)
+        gone = "dev003"  # the fourth agent's id (start_fleet numbers them)
+        deadline = time.monotonic() + 30
+        while coord.devices[gone].online and time.monotonic() < deadline:
+            coord.pump(0.2)
+
+        # Execute: a round without it
+        second = coord.step()
+        coord.stop_devices()
+        coord.close()
+
+    # Assert: round 1 had all four; round 2 planned the three online boards, so nobody
+    # was skipped at the deadline (a planned dead board would be) and nothing retried
+    assert first.trained == 4 and not coord.devices[gone].online
+    assert gone not in second.trained_ids and second.participants == 3 and second.skipped == 0
+    assert "retries" not in second.extra

@@ -22,8 +22,9 @@ TRAIN = TrainConfig(1, 10, 0.1)
 class FakeDevices:
     """A backend whose ``dead`` devices never answer; the others add 0.01 to their start model."""
 
-    def __init__(self, dead: set[str]) -> None:
+    def __init__(self, dead: set[str], offline: frozenset[str] = frozenset()) -> None:
         self.dead = dead
+        self.gone = offline  # known offline (a board's last will)
         self.plans: list[RoundPlan] = []
         rng = np.random.default_rng(0)
         self.counts = {c: rng.integers(1, 20, 4).astype(np.float64) for c in IDS}
@@ -70,9 +71,14 @@ class FakeDevices:
     def round_stats(self) -> RoundStats:
         return RoundStats()
 
+    def offline(self) -> frozenset[str]:
+        return self.gone
 
-def _driver(strategy_name: str, dead: set[str], **params: object) -> tuple[RoundDriver, FakeDevices]:
-    devices = FakeDevices(dead)
+
+def _driver(
+    strategy_name: str, dead: set[str], offline: frozenset[str] = frozenset(), **params: object
+) -> tuple[RoundDriver, FakeDevices]:
+    devices = FakeDevices(dead, offline)
     driver = RoundDriver(make_strategy(strategy_name, train=TRAIN, **params), devices, seed=3, federated_eval_every=0)
     driver.setup(np.zeros(6, np.float32))
     return driver, devices
@@ -174,3 +180,34 @@ def test_no_strategy_raises_on_a_round_where_nobody_returned_a_model(name: str) 
     for a, b in zip(before, after, strict=True):
         np.testing.assert_array_equal(a, b)
     assert np.isnan(summary.train_loss)
+
+
+@pytest.mark.parametrize("name", ["fedavg", "fedgsp"])
+def test_devices_known_offline_are_planned_around_and_asked_again_once_back(name: str) -> None:
+    # Prepare: two boards whose last will said offline (they would never answer)
+    gone = frozenset(IDS[:2])
+    driver, devices = _driver(name, set(gone), gone, **({"clients_per_round": 4} if name == "fedavg" else {}))
+
+    # Execute: a round while they are offline, then one after they came back
+    first = driver.step()
+    devices.gone = frozenset()
+    devices.dead = set()
+    for _ in range(6):
+        driver.step()
+
+    # Assert: no plan named them while offline, and the round needed no retry; back, they are asked
+    assert not gone & set(devices.plans[0].participants) and len(devices.plans) == 7
+    assert "retries" not in first.extra and first.skipped == 0 and first.trained > 0
+    assert gone & {d for p in devices.plans[1:] for d in p.participants}
+    assert driver.strategy.unavailable == frozenset()
+
+
+def test_when_no_plan_does_without_the_offline_devices_everyone_is_asked() -> None:
+    # Prepare: every device offline
+    driver, devices = _driver("fedavg", set(), frozenset(IDS), clients_per_round=4)
+
+    # Execute
+    record = driver.step()
+
+    # Assert: the round still ran, with everyone asked
+    assert len(devices.plans[0].participants) == 4 and record.trained == 4

@@ -275,6 +275,9 @@ def test_hierfavg_runs_the_rooms_group_at_its_edge(site_parent: Path, tmp_path: 
     assert "0 of them training outputs of groups run centrally" in edge_log, edge_log[-3000:]
     for rnd in (1, 2, 3):
         assert f"round {rnd} group 0: done, 2 trained, 0 skipped; its model sent up" in edge_log, edge_log[-3000:]
+    # the coordinator's link took two fp32 models a round: the room's, from its edge, and
+    # the board behind none's (the FEMNIST MLP, 433,726 weights)
+    assert [r["extra"]["server_bytes_received"] for r in rounds] == [2 * 4 * 433_726] * 3
 
 
 def restart_the_edge_mid_round(tmp_path: Path, processes: list[subprocess.Popen[bytes]]) -> None:

@@ -131,17 +131,33 @@ def test_a_newcomer_joins_the_end_of_the_smallest_static_group(cls: type[FedGSP]
     assert all(after[g] == before[g] for g in before if g != smallest)
 
 
-def test_the_recorded_f_r_is_the_number_of_groups_the_round_was_planned_with() -> None:
-    # Prepare: 3 clients, f(r) capped at 3 groups; one of them fails after planning (the
-    # driver marks it unavailable while it retries)
-    strategy = FedGSP(beta=10, kappa=0.5)
+def test_a_small_site_records_f_r_and_the_groups_icg_formed_for_it() -> None:
+    # Prepare: 3 clients, β = 2: f(1) = 2, but Algorithm 2's layout forms three groups of
+    # one; a newcomer registers while the round runs
+    strategy = FedGSP(beta=2, kappa=0.5)
     ctx = _setup(strategy, _counts(n=3))
     plan = strategy.plan_round(1, ctx)
-    strategy.unavailable = {"c00"}
+    strategy.add_client(info("c99", np.ones(6)))
 
     # Execute
     summary = strategy.aggregate(1, plan, chain_results(plan))
 
-    # Assert: f(r) as planned (3 groups formed, round(0.5 x 3) = 2 of them ran), not as
-    # the candidates stand after the failure
-    assert summary.extra["f_r"] == 3.0 and summary.n_groups == len(plan.groups) == 2
+    # Assert: f(1) and the groups formed as planned; round(0.5 x 3) = 2 of them ran
+    assert (summary.extra["f_r"], summary.extra["groups_formed"]) == (2.0, 3.0)
+    assert summary.n_groups == len(plan.groups) == 2
+
+
+def test_a_fedgsp_restored_from_a_checkpoint_older_than_its_round_fields_still_aggregates() -> None:
+    # Prepare: a strategy as a checkpoint written before f_r was kept rebuilds it (its
+    # saved attributes only, on an object made without __init__)
+    strategy = FedGSP(beta=2, kappa=0.5)
+    ctx = _setup(strategy, _counts(n=6))
+    plan = strategy.plan_round(1, ctx)
+    old = object.__new__(FedGSP)
+    old.__dict__.update({k: v for k, v in strategy.__dict__.items() if k not in ("last_f_r", "last_formed")})
+
+    # Execute
+    summary = old.aggregate(1, plan, chain_results(plan))
+
+    # Assert
+    assert summary.extra["f_r"] == 2.0 and summary.extra["groups_formed"] == 2.0
