@@ -27,6 +27,10 @@ from server.execution.round import RoundExecution
 from server.hops import HopBound
 from server.strategies.base import ClientInfo, GroupResult, RoundPlan
 
+# How long a board's last will must stand before rounds are planned without it: longer
+# than an agent takes to reconnect after its connection drops (it retries within seconds)
+OFFLINE_GRACE_S = 15.0
+
 
 class BoardBackend:
     """:class:`~server.backend.Backend` over registered boards.
@@ -101,7 +105,10 @@ class BoardBackend:
         return {d: name for name, devices in book.edges.items() for d in devices}
 
     def offline(self) -> frozenset[str]:
-        return frozenset(d for d, r in self.registry.devices.items() if not r.online)
+        """Boards whose last will came at least :data:`OFFLINE_GRACE_S` ago: a connection
+        that drops and comes back (an agent reconnects within seconds, its session kept by
+        the broker) keeps its board in the plans."""
+        return self.registry.offline_for(OFFLINE_GRACE_S)
 
     def round_stats(self) -> RoundStats:
         by_reason, by_device = self.bus.take_drops()

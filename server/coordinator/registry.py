@@ -36,6 +36,7 @@ class DeviceRecord:
     last_seen: float = 0.0
     direct: bool = True
     online: bool = True
+    offline_since: float | None = None  # monotonic seconds when its last will came (None: online)
     codecs: tuple[str, ...] = ()  # the frame codecs its register listed (none: an agent from before codecs)
     platform: Platform | None = None  # what the board says it is (for people only: never trusted)
     telemetry: dict[int, Telemetry] = field(default_factory=dict)  # round -> how its training went
@@ -179,8 +180,21 @@ class Registry:
         return record is not None and codec in record.codecs
 
     def set_online(self, device: str, online: bool) -> None:
-        if device in self.devices:
-            self.devices[device].online = online
+        record = self.devices.get(device)
+        if record is not None:
+            if not online and record.online:
+                record.offline_since = time.monotonic()
+            record.online = online
+            if online:
+                record.offline_since = None
+
+    def offline_for(self, seconds: float) -> frozenset[str]:
+        """The devices offline for at least ``seconds`` now (a connection that blips and
+        comes back within them is not counted)."""
+        now = time.monotonic()
+        return frozenset(
+            d for d, r in self.devices.items() if r.offline_since is not None and now - r.offline_since >= seconds
+        )
 
     def set_status(self, device: str, payload: bytes) -> None:
         """A device's retained status: ``online`` or ``offline`` (its last will)."""

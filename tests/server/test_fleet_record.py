@@ -65,3 +65,23 @@ def test_results_keep_what_happened_to_the_run(tmp_path) -> None:  # type: ignor
     events = [{"round": 3, "kind": "resumed", "detail": "from the checkpoint after round 2"}]
     write_run(tmp_path, "results", records=[], settings={}, title="t", plot=False, run_events=events)
     assert json.loads((tmp_path / "results.json").read_text())["run_events"] == events
+
+
+def test_a_board_counts_as_offline_once_its_last_will_has_stood_long_enough(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Prepare: two boards on a clock the test moves
+    now = [1000.0]
+    monkeypatch.setattr(registry_module.time, "monotonic", lambda: now[0])
+    registry = Registry(2)
+    joined(registry, "a", ARM64)
+    joined(registry, "b", ARM64)
+
+    # Execute, assert: a's last will; 5 s later it is not yet offline for 15 s, 20 s later it is
+    registry.set_status("a", b"offline")
+    now[0] += 5
+    assert registry.offline_for(15) == frozenset() and registry.offline_for(5) == {"a"}
+    now[0] += 15
+    assert registry.offline_for(15) == {"a"}
+    registry.set_status("a", b"offline")  # a repeated will does not restart its time
+    assert registry.offline_for(15) == {"a"}
+    registry.set_status("a", b"online")  # back: planned again at once
+    assert registry.offline_for(0) == frozenset()
