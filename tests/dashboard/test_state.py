@@ -219,7 +219,7 @@ def test_a_coordinator_that_stopped_without_finishing_shows_as_stopped(tmp_path:
     feed.set_status("finished")  # a coordinator that finished says so itself
     follower = StateFileFeed(host_page, path).start()
     follower.finish()
-    assert True in {b["online"] for b in json.loads(host_page.current()[1])["fleet"]}
+    assert any(b["online"] is True for b in json.loads(host_page.current()[1])["fleet"])
 
 
 def test_a_state_the_page_cannot_take_never_stops_the_run(caplog: pytest.LogCaptureFixture) -> None:
