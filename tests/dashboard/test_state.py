@@ -333,3 +333,24 @@ def test_a_reports_title_names_the_strategy_and_the_run_as_the_live_page_does(tm
     assert report_title(named, tmp_path / "results.json") == "covey: fedavg on site"
     assert report_title(doc(), tmp_path / "results.json") == f"covey: fedavg on {tmp_path.name}"
     assert report_title({}, tmp_path / "fedavg_synthetic_seed0.json") == "covey: a run on fedavg_synthetic_seed0"
+
+
+def test_on_every_interface_the_printed_address_is_one_another_laptop_can_open() -> None:
+    from server.broker import advertised_host
+
+    server = DashboardServer(LiveView(), Address("0.0.0.0", 0), "t").start()
+    try:
+        host = server.url.split("//", 1)[1].rsplit(":", 1)[0]
+        assert host == advertised_host("0.0.0.0") and host != "0.0.0.0"
+    finally:
+        server.close()
+
+
+def test_a_report_never_takes_the_live_pages_state_file_for_results(tmp_path: Path) -> None:
+    from server.dashboard.feed import StateFile
+
+    StateFile(tmp_path / "state" / "dashboard-state.json").publish(page_state(doc()))  # makes its folder
+    from server.dashboard.report import write_report
+
+    with pytest.raises(ConfigError, match=r"no results\.json here"):
+        write_report(tmp_path / "state")
